@@ -1,0 +1,93 @@
+"""The defense interface: a pure function of what a client holds.
+
+A :class:`Defense` turns the gradient (or model update) a client is about to
+share into the one it actually shares. It is a pure, jittable function of
+
+* ``grads``: the gradient pytree (same structure as the parameters);
+* ``batch``: a :class:`ClientBatch`, what the client holds: the parameters it
+  computed ``grads`` at, its images, labels and an optional example mask;
+* ``key``: a PRNG key for randomised defenses (ignored by deterministic ones),
+
+and returns ``(grads, info)`` where ``info`` is a flat dict of scalar
+diagnostics (for Soteria the nominal and effective pruned fraction) whose keys
+do not depend on the inputs, so a defense can run under ``vmap`` over clients
+and ``lax.scan`` over local steps. Defenses compose with :func:`chain`, in the
+spirit of ``optax.chain`` (each gets its own key from ``fold_in``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Params = Any
+Info = dict[str, jax.Array]
+
+
+class ClientBatch(NamedTuple):
+  """What a client holds when it defends its gradient.
+
+  Attributes:
+    params: the parameters the gradient was computed at.
+    x: images ``[B, H, W, C]`` (float, the model's input space).
+    y: labels ``[B]`` (int) or ``[B, K]`` (soft).
+    mask: optional ``[B]``, 1 for real examples and 0 for padding.
+  """
+
+  params: Params
+  x: jax.Array
+  y: jax.Array
+  mask: jax.Array | None = None
+
+
+class Defense(NamedTuple):
+  """A named pure function ``apply(grads, batch, key) -> (grads, info)``."""
+
+  name: str
+  apply: Callable[[Params, ClientBatch, jax.Array], tuple[Params, Info]]
+
+  def __call__(self, grads: Params, batch: ClientBatch,
+               key: jax.Array) -> tuple[Params, Info]:
+    return self.apply(grads, batch, key)
+
+
+def identity() -> Defense:
+  """The no-op defense (shares the gradient unchanged)."""
+  return Defense("none", lambda grads, batch, key: (grads, {}))
+
+
+def chain(*defenses: Defense) -> Defense:
+  """Applies ``defenses`` in order; info keys are prefixed by position/name.
+
+  Args:
+    *defenses: the defenses, first applied first.
+
+  Returns:
+    A defense whose key for the i-th member is ``fold_in(key, i)``.
+  """
+  if not defenses:
+    return identity()
+  if len(defenses) == 1:
+    return defenses[0]
+
+  def apply(grads, batch, key):
+    info = {}
+    for i, d in enumerate(defenses):
+      grads, sub = d.apply(grads, batch, jax.random.fold_in(key, i))
+      info.update({f"{i}_{d.name}/{k}": v for k, v in sub.items()})
+    return grads, info
+
+  return Defense("+".join(d.name for d in defenses), apply)
+
+
+def zeros_info_like(defense: Defense, grads: Params,
+                    batch: ClientBatch) -> Info:
+  """An info dict of zeros with the structure ``defense`` returns.
+
+  Useful as the initial carry of a ``lax.scan`` that accumulates info.
+  """
+  shapes = jax.eval_shape(lambda g, b: defense.apply(g, b, jax.random.key(0))[1],
+                          grads, batch)
+  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

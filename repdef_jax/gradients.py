@@ -1,0 +1,126 @@
+"""Losses, batch gradients and per-example gradients (``vmap(grad)``).
+
+Per-example gradients are what a client's gradient is made of: the batch
+gradient is their mean. Everything here is a pure, jittable function of
+``(model, params, x, y)``; ``model`` is static (close over it or mark it
+static under ``jax.jit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from repdef_jax import models as models_lib
+
+Params = Any
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Per-example cross-entropy with hard or soft labels.
+
+  Args:
+    logits: ``[..., K]``.
+    labels: integer class ids ``[...]`` (hard) or a probability vector per
+      example ``[..., K]`` (soft; DLG's dummy label after softmax).
+
+  Returns:
+    Loss per example, ``[...]``.
+  """
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  if labels.ndim == logits.ndim:
+    return -jnp.sum(labels * logp, axis=-1)
+  if not jnp.issubdtype(labels.dtype, jnp.integer):
+    raise ValueError(
+        "labels must be integer class ids of shape logits.shape[:-1] or "
+        f"probabilities of shape logits.shape; got dtype {labels.dtype} and "
+        f"shape {labels.shape} for logits of shape {logits.shape}.")
+  return -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+
+
+def batch_loss(model: models_lib.Model, params: Params, x: jax.Array,
+               y: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+  """Mean cross-entropy over a batch, ignoring examples where ``mask`` is 0.
+
+  Args:
+    model: the model.
+    params: its parameters.
+    x: images ``[B, H, W, C]``.
+    y: hard ``[B]`` or soft ``[B, K]`` labels.
+    mask: optional ``[B]`` weights (1 = real example, 0 = padding).
+
+  Returns:
+    Scalar mean loss over the real examples (0 when there are none).
+  """
+  losses = cross_entropy(model.apply(params, x), y)
+  if mask is None:
+    return jnp.mean(losses)
+  mask = mask.astype(losses.dtype)
+  return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def batch_grad(model: models_lib.Model, params: Params, x: jax.Array,
+               y: jax.Array, mask: jax.Array | None = None) -> Params:
+  """Gradient of :func:`batch_loss` with respect to ``params``."""
+  return jax.grad(lambda p: batch_loss(model, p, x, y, mask))(params)
+
+
+def example_loss(model: models_lib.Model, params: Params, x: jax.Array,
+                 y: jax.Array) -> jax.Array:
+  """Loss of one example ``x [H, W, C]`` with label ``y`` (``[]`` or ``[K]``)."""
+  return cross_entropy(model.apply(params, x[None]), y[None])[0]
+
+
+def per_example_grads(model: models_lib.Model, params: Params, x: jax.Array,
+                      y: jax.Array) -> tuple[jax.Array, Params]:
+  """Loss and gradient of every example of a batch, with ``vmap(grad)``.
+
+  Args:
+    model: the model.
+    params: its parameters (shared by every example).
+    x: images ``[B, H, W, C]``.
+    y: hard ``[B]`` or soft ``[B, K]`` labels.
+
+  Returns:
+    ``(losses [B], grads)`` where every leaf of ``grads`` has a leading
+    axis of size B. Their mean over B equals :func:`batch_grad`.
+  """
+  model.check_input(x)
+  chex.assert_equal_shape_prefix([x, y], 1)
+  fn = jax.value_and_grad(lambda p, xi, yi: example_loss(model, p, xi, yi))
+  return jax.vmap(fn, in_axes=(None, 0, 0))(params, x, y)
+
+
+def check_grads_match(params: Params, grads: Params,
+                      name: str = "grads") -> None:
+  """Raises a ValueError when ``grads`` does not have the structure of params.
+
+  Args:
+    params: the reference tree.
+    grads: the tree to check (same structure and leaf shapes).
+    name: argument name used in the error.
+  """
+  ps, pt = jax.tree_util.tree_flatten(params)
+  gs, gt = jax.tree_util.tree_flatten(grads)
+  if pt != gt:
+    raise ValueError(f"{name} does not match the parameter tree: expected "
+                     f"{pt}, got {gt}.")
+  for p, g in zip(ps, gs):
+    if jnp.shape(p) != jnp.shape(g):
+      raise ValueError(f"{name} has a leaf of shape {jnp.shape(g)} where the "
+                       f"parameters have {jnp.shape(p)}.")
+
+
+def check_finite(tree: Any, name: str = "grads") -> None:
+  """Raises a ValueError naming ``name`` when a leaf holds NaN or inf.
+
+  Host-side check on concrete arrays; call it before handing a gradient to a
+  jitted attack or defense.
+  """
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if not bool(jnp.all(jnp.isfinite(leaf))):
+      raise ValueError(f"{name} holds NaN or inf at "
+                       f"{jax.tree_util.keystr(path)}.")

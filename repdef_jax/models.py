@@ -1,0 +1,421 @@
+"""The paper's models as flax Linen modules behind a small pure-function API.
+
+Every model ends in one fully connected layer named ``head`` whose input is the
+representation ``r`` that the Soteria defense perturbs (Sun et al. 2021,
+Section 4: "the representation fed into a fully connected layer"). A
+:class:`Model` bundles a module with its input shape and exposes, as pure
+functions of ``(params, x)``:
+
+* ``apply``: logits, ``[B, num_classes]``;
+* ``features``: the representation ``r`` that enters ``head``, ``[B, F]``;
+* ``feature_fn(params)``: ``r`` for one image ``[H, W, C] -> [F]`` (what
+  :func:`repdef_jax.defenses.soteria.feature_scores` differentiates);
+* ``defended_path``: where the defended layer's parameters sit in the tree.
+
+No model carries mutable state (no batch-norm statistics, no dropout), so every
+example's output and gradient depend on that example alone and ``vmap`` over
+examples or clients is exact.
+
+Models (paper appendix B and the reference code):
+
+* ``lenet``: DLG's LeNet, 4 x [conv 5x5, 12 channels, padding 2, strides
+  2, 2, 1, 1, sigmoid] -> linear. 19,438 parameters on 32x32x3. ``init='uniform'``
+  draws every weight and bias from U(-0.5, 0.5) as DLG does.
+* ``convnet64``: Inverting Gradients' ConvNet of width 64 (conv 3x3 blocks with
+  64, 128, 128, 256, 256, 256 channels, max-pool 3, two 256 blocks, max-pool 3,
+  linear from 2,304 features). Departure: batch norm is left out; the GS attack
+  evaluates an untrained model in eval mode, where batch norm with fresh
+  statistics is (up to its epsilon) the identity.
+* ``lenet5``: the representation-inference model, conv 3->6, max-pool, conv
+  6->16, max-pool, FC 120, FC 84, FC 10 (kernel 5, pool 2, ReLU).
+* ``leakage``: the representation-leakage model, conv 3->12 (5x5, padding 2,
+  sigmoid) -> FC 10.
+* ``mlp``: two hidden ReLU layers (width 200 by default).
+* ``logreg``: logistic regression; its representation is the flattened image.
+
+Convolutions come in two formulations with the same parameters (``kernel``
+``[kh, kw, cin, cout]``, ``bias`` ``[cout]``): ``conv_impl='xla'`` calls XLA's
+convolution, ``conv_impl='patches'`` extracts image patches and does one matrix
+multiply. The second is faster when per-client weight gradients are batched by
+``vmap`` (XLA turns those into slow grouped convolutions on CPU); the first is
+faster for Jacobians of one image. Both give the same numbers (tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Params = Any
+
+CONV_IMPLS = ("xla", "patches")
+INITS = ("default", "uniform")
+
+
+def _uniform_init(scale: float = 0.5):
+  """U(-scale, scale), the DLG reference initialisation."""
+
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -scale, scale)
+
+  return init
+
+
+class Conv2D(nn.Module):
+  """2-D convolution, NHWC, explicit symmetric padding, two formulations.
+
+  Attributes:
+    features: output channels.
+    kernel_size: square kernel size.
+    strides: stride in both spatial dimensions.
+    padding: zero padding on each side (PyTorch convention).
+    impl: 'xla' (lax.conv_general_dilated) or 'patches' (im2col + matmul).
+    kernel_init: initialiser of the kernel.
+    bias_init: initialiser of the bias.
+  """
+
+  features: int
+  kernel_size: int
+  strides: int = 1
+  padding: int = 0
+  impl: str = "xla"
+  kernel_init: Callable = nn.initializers.lecun_normal()
+  bias_init: Callable = nn.initializers.zeros
+
+  @nn.compact
+  def __call__(self, x):
+    cin = x.shape[-1]
+    k = self.kernel_size
+    kernel = self.param("kernel", self.kernel_init, (k, k, cin, self.features))
+    bias = self.param("bias", self.bias_init, (self.features,))
+    pad = ((self.padding, self.padding), (self.padding, self.padding))
+    strides = (self.strides, self.strides)
+    if self.impl == "xla":
+      y = jax.lax.conv_general_dilated(
+          x, kernel, strides, pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    elif self.impl == "patches":
+      # Patch features are ordered (cin, kh, kw), channel-major.
+      patches = jax.lax.conv_general_dilated_patches(
+          x, (k, k), strides, pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+      w = jnp.transpose(kernel, (2, 0, 1, 3)).reshape(cin * k * k, self.features)
+      y = patches @ w
+    else:
+      raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.impl!r}")
+    return y + bias
+
+
+def _max_pool(x, size):
+  """PyTorch-style MaxPool2d(size): stride = size, no padding, floor."""
+  return nn.max_pool(x, (size, size), strides=(size, size), padding="VALID")
+
+
+class LeNet(nn.Module):
+  """DLG's LeNet: four sigmoid convolutions with 12 channels, then linear."""
+
+  num_classes: int = 10
+  init_scheme: str = "default"
+  conv_impl: str = "xla"
+
+  def setup(self):
+    kw = {}
+    if self.init_scheme == "uniform":
+      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    self.convs = [
+        Conv2D(12, 5, strides=s, padding=2, impl=self.conv_impl, **kw,
+               name=f"conv{i}")
+        for i, s in enumerate((2, 2, 1, 1))
+    ]
+    self.head = nn.Dense(self.num_classes, name="head", **kw)
+
+  def features(self, x):
+    for conv in self.convs:
+      x = nn.sigmoid(conv(x))
+    return x.reshape(x.shape[0], -1)
+
+  def __call__(self, x):
+    return self.head(self.features(x))
+
+
+class ConvNet(nn.Module):
+  """Inverting Gradients' ConvNet (width 64 by default), batch norm left out."""
+
+  num_classes: int = 10
+  width: int = 64
+  init_scheme: str = "default"
+  conv_impl: str = "xla"
+
+  def setup(self):
+    w = self.width
+    chans = (w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w, 4 * w, 4 * w)
+    kw = {}
+    if self.init_scheme == "uniform":
+      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    self.convs = [
+        Conv2D(c, 3, padding=1, impl=self.conv_impl, **kw, name=f"conv{i}")
+        for i, c in enumerate(chans)
+    ]
+    self.head = nn.Dense(self.num_classes, name="head", **kw)
+
+  def features(self, x):
+    for i, conv in enumerate(self.convs):
+      x = nn.relu(conv(x))
+      if i in (5, 7):
+        x = _max_pool(x, 3)
+    return x.reshape(x.shape[0], -1)
+
+  def __call__(self, x):
+    return self.head(self.features(x))
+
+
+class LeNet5(nn.Module):
+  """Representation-inference CNN: conv 6, conv 16, FC 120, FC 84, FC 10."""
+
+  num_classes: int = 10
+  hidden: Sequence[int] = (120, 84)
+  init_scheme: str = "default"
+  conv_impl: str = "xla"
+
+  def setup(self):
+    kw = {}
+    if self.init_scheme == "uniform":
+      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    self.conv0 = Conv2D(6, 5, impl=self.conv_impl, **kw)
+    self.conv1 = Conv2D(16, 5, impl=self.conv_impl, **kw)
+    self.fcs = [nn.Dense(h, name=f"fc{i}", **kw)
+                for i, h in enumerate(self.hidden)]
+    self.head = nn.Dense(self.num_classes, name="head", **kw)
+
+  def features(self, x):
+    x = _max_pool(nn.relu(self.conv0(x)), 2)
+    x = _max_pool(nn.relu(self.conv1(x)), 2)
+    x = x.reshape(x.shape[0], -1)
+    for fc in self.fcs:
+      x = nn.relu(fc(x))
+    return x
+
+  def __call__(self, x):
+    return self.head(self.features(x))
+
+
+class Leakage(nn.Module):
+  """Representation-leakage model: one sigmoid conv (12 channels) -> FC."""
+
+  num_classes: int = 10
+  init_scheme: str = "default"
+  conv_impl: str = "xla"
+
+  def setup(self):
+    kw = {}
+    if self.init_scheme == "uniform":
+      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    self.conv0 = Conv2D(12, 5, padding=2, impl=self.conv_impl, **kw)
+    self.head = nn.Dense(self.num_classes, name="head", **kw)
+
+  def features(self, x):
+    x = nn.sigmoid(self.conv0(x))
+    return x.reshape(x.shape[0], -1)
+
+  def __call__(self, x):
+    return self.head(self.features(x))
+
+
+class MLP(nn.Module):
+  """Fully connected ReLU network."""
+
+  num_classes: int = 10
+  hidden: Sequence[int] = (200, 200)
+  init_scheme: str = "default"
+  conv_impl: str = "xla"  # Unused; accepted so every model takes it.
+
+  def setup(self):
+    kw = {}
+    if self.init_scheme == "uniform":
+      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    self.fcs = [nn.Dense(h, name=f"fc{i}", **kw)
+                for i, h in enumerate(self.hidden)]
+    self.head = nn.Dense(self.num_classes, name="head", **kw)
+
+  def features(self, x):
+    x = x.reshape(x.shape[0], -1)
+    for fc in self.fcs:
+      x = nn.relu(fc(x))
+    return x
+
+  def __call__(self, x):
+    return self.head(self.features(x))
+
+
+class LogReg(nn.Module):
+  """Multinomial logistic regression on the flattened image."""
+
+  num_classes: int = 10
+  init_scheme: str = "default"
+  conv_impl: str = "xla"  # Unused; accepted so every model takes it.
+
+  def setup(self):
+    kw = {}
+    if self.init_scheme == "uniform":
+      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    else:
+      kw = dict(kernel_init=nn.initializers.zeros)
+    self.head = nn.Dense(self.num_classes, name="head", **kw)
+
+  def features(self, x):
+    return x.reshape(x.shape[0], -1)
+
+  def __call__(self, x):
+    return self.head(self.features(x))
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """A flax module with its input shape, as pure functions.
+
+  Attributes:
+    name: registry name.
+    module: the flax Linen module.
+    input_shape: one image's shape ``(H, W, C)``.
+    num_classes: number of outputs.
+    activation: 'sigmoid' or 'relu'; sets the reference Soteria score's
+      epsilon (0 for sigmoid nets, 0.1 for ReLU nets, as the reference code).
+    fc_layers: names of the fully connected layers in forward order, ending
+      with the defended layer ``head`` (used by representation inference).
+  """
+
+  name: str
+  module: nn.Module
+  input_shape: tuple[int, int, int]
+  num_classes: int
+  activation: str
+  fc_layers: tuple[str, ...] = ("head",)
+
+  defended_path: tuple[str, ...] = ("head",)
+
+  @property
+  def score_eps(self) -> float:
+    """The reference code's denominator epsilon for this network."""
+    return 0.0 if self.activation == "sigmoid" else 0.1
+
+  @property
+  def num_features(self) -> int:
+    """Size F of the representation that enters the defended layer."""
+    params = jax.eval_shape(self.init, jax.random.key(0))
+    return defended_params(self, params)["kernel"].shape[0]
+
+  def init(self, rng: jax.Array) -> Params:
+    """Initial parameters (the ``'params'`` collection)."""
+    x = jnp.zeros((1, *self.input_shape), jnp.float32)
+    return self.module.init(rng, x)["params"]
+
+  def check_input(self, x, name: str = "x") -> None:
+    """Raises a ValueError when ``x`` is not a batch of this model's images."""
+    if x.ndim != 4 or tuple(x.shape[1:]) != tuple(self.input_shape):
+      raise ValueError(
+          f"{name} must be a batch of images of shape [B, "
+          f"{', '.join(map(str, self.input_shape))}] for model {self.name!r}; "
+          f"got shape {tuple(x.shape)}.")
+
+  def apply(self, params: Params, x: jax.Array) -> jax.Array:
+    """Logits ``[B, num_classes]`` of a batch ``x`` ``[B, H, W, C]``."""
+    self.check_input(x)
+    return self.module.apply({"params": params}, x)
+
+  def features(self, params: Params, x: jax.Array) -> jax.Array:
+    """Representation ``r`` ``[B, F]`` that enters the defended layer."""
+    self.check_input(x)
+    return self.module.apply({"params": params}, x, method="features")
+
+  def feature_fn(self, params: Params) -> Callable[[jax.Array], jax.Array]:
+    """``x [H, W, C] -> r [F]`` for one image, closing over ``params``."""
+    return lambda x: self.features(params, x[None])[0]
+
+
+def defended_params(model: Model, tree: Params) -> Params:
+  """The sub-tree of ``tree`` (params or gradients) of the defended layer."""
+  for key in model.defended_path:
+    tree = tree[key]
+  return tree
+
+
+_MODULES = {
+    "lenet": (LeNet, "sigmoid", ("head",)),
+    "convnet64": (ConvNet, "relu", ("head",)),
+    "lenet5": (LeNet5, "relu", ("fc0", "fc1", "head")),
+    "leakage": (Leakage, "sigmoid", ("head",)),
+    "mlp": (MLP, "relu", ("fc0", "fc1", "head")),
+    "logreg": (LogReg, "linear", ("head",)),
+}
+MODEL_NAMES = tuple(_MODULES)
+
+
+def get_model(name: str,
+              input_shape: Sequence[int] = (32, 32, 3),
+              num_classes: int = 10,
+              *,
+              init: str = "default",
+              conv_impl: str = "xla",
+              **kwargs) -> Model:
+  """Builds a registered model.
+
+  Args:
+    name: one of :data:`MODEL_NAMES`.
+    input_shape: one image's ``(H, W, C)``; e.g. (28, 28, 1) for MNIST or
+      (32, 32, 3) for CIFAR-10.
+    num_classes: number of classes.
+    init: 'default' (flax initialisers) or 'uniform' (U(-0.5, 0.5) on every
+      weight and bias, as DLG).
+    conv_impl: 'xla' or 'patches' (see module docstring).
+    **kwargs: extra module attributes (e.g. ``width`` for convnet64,
+      ``hidden`` for mlp / lenet5).
+
+  Returns:
+    A :class:`Model`.
+
+  Raises:
+    ValueError: unknown name, init or conv_impl, or an input shape the model
+      cannot take.
+  """
+  if name not in _MODULES:
+    raise ValueError(f"Unknown model name {name!r}; valid names: "
+                     f"{', '.join(MODEL_NAMES)}.")
+  if init not in INITS:
+    raise ValueError(f"init must be one of {INITS}, got {init!r}.")
+  if conv_impl not in CONV_IMPLS:
+    raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got "
+                     f"{conv_impl!r}.")
+  input_shape = tuple(int(d) for d in input_shape)
+  if len(input_shape) != 3 or min(input_shape) <= 0:
+    raise ValueError(f"input_shape must be (H, W, C) with positive sizes, got "
+                     f"{input_shape}.")
+  if num_classes < 2:
+    raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
+  cls, activation, fc_layers = _MODULES[name]
+  if "hidden" in kwargs:
+    n = len(kwargs["hidden"])
+    fc_layers = tuple(f"fc{i}" for i in range(n)) + ("head",)
+  module = cls(num_classes=num_classes, init_scheme=init, conv_impl=conv_impl,
+               **kwargs)
+  model = Model(name=name, module=module, input_shape=input_shape,
+                num_classes=num_classes, activation=activation,
+                fc_layers=fc_layers)
+  try:
+    out = jax.eval_shape(
+        lambda k: model.apply(model.init(k), jnp.zeros((1, *input_shape))),
+        jax.random.key(0))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"Model {name!r} cannot take images of shape "
+                     f"{input_shape}: {e}") from e
+  if model.num_features <= 0 or out.shape != (1, num_classes):
+    raise ValueError(f"Model {name!r} cannot take images of shape "
+                     f"{input_shape} (empty representation).")
+  return model
+
+
+def num_params(params: Params) -> int:
+  """Total number of scalars in a parameter tree."""
+  return sum(math.prod(p.shape) for p in jax.tree_util.tree_leaves(params))
