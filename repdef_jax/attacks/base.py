@@ -1,0 +1,139 @@
+"""What every gradient-inversion attack shares: its result, input checks, labels.
+
+An attack is a function
+
+    attack(model, params, shared_grads, num_images, key, *, labels=None,
+           config=None) -> AttackResult
+
+that sees only what the server sees: the model, the parameters the client
+computed its gradient at, and the gradient it shared (possibly defended).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from repdef_jax import gradients as gradients_lib
+from repdef_jax import models as models_lib
+
+Params = Any
+
+
+class AttackResult(NamedTuple):
+  """The outcome of one attack.
+
+  Attributes:
+    x_rec: reconstructed images ``[B, H, W, C]`` in the model's input space
+      (not clamped; DLG's images are unconstrained).
+    labels_rec: labels the attack used or recovered ``[B]`` (int32).
+    loss_history: objective per outer step (DLG) or per iteration block
+      (GS), ``[T]``; entries after an early stop repeat the final loss.
+    final_loss: objective at ``x_rec`` (scalar).
+    diverged: True when the objective or the image became non-finite or
+      exploded; ``x_rec`` is then the last sane iterate and must not be
+      read as a reconstruction.
+    iterations: number of optimiser iterations actually taken.
+  """
+
+  x_rec: jax.Array
+  labels_rec: jax.Array
+  loss_history: jax.Array
+  final_loss: jax.Array
+  diverged: jax.Array
+  iterations: jax.Array
+
+
+def validate_inputs(model: models_lib.Model, params: Params,
+                    shared_grads: Params, num_images: int,
+                    labels: Any = None) -> jax.Array | None:
+  """Host-side checks before a jitted attack; raises a clear ValueError.
+
+  Args:
+    model: the attacked model.
+    params: its parameters.
+    shared_grads: the gradient the server received.
+    num_images: how many images the gradient was computed on.
+    labels: optional known labels ``[num_images]``.
+
+  Returns:
+    ``labels`` as an int32 array (or None).
+  """
+  gradients_lib.check_grads_match(params, shared_grads, "shared_grads")
+  gradients_lib.check_finite(shared_grads, "shared_grads")
+  if int(num_images) < 1:
+    raise ValueError(f"num_images must be >= 1, got {num_images}.")
+  model.check_input(jnp.zeros((int(num_images), *model.input_shape)),
+                    "the reconstructed images")
+  if labels is None:
+    return None
+  labels = jnp.asarray(labels)
+  if labels.shape != (int(num_images),) or not jnp.issubdtype(
+      labels.dtype, jnp.integer):
+    raise ValueError(f"labels must be integer class ids of shape "
+                     f"[{num_images}], got {labels.dtype}{labels.shape}.")
+  if bool(jnp.any((labels < 0) | (labels >= model.num_classes))):
+    raise ValueError(f"labels must lie in [0, {model.num_classes}).")
+  return labels.astype(jnp.int32)
+
+
+def infer_labels(model: models_lib.Model, shared_grads: Params,
+                 num_images: int) -> jax.Array:
+  """Labels from the defended (last) layer's gradient; jittable.
+
+  One image (iDLG, Zhao et al. 2020): with non-negative features r the
+  kernel gradient is ``r (p - y)^T`` (flax layout ``[F, K]``), so its sum
+  over F is ``sum(r) (p_k - y_k)``, negative only for the true class: the
+  label is the argmin over K of the column sums.
+
+  A batch: the bias gradient ``mean_b (p_b - y_b)`` (untouched by Soteria) is
+  negative for the classes present (kernel column sums when there is no
+  bias). Those classes, most negative first, fill the labels; if fewer
+  classes are negative than images, the rest repeat the most negative class.
+  Order is arbitrary: match reconstructions to images with the Hungarian
+  method before comparing.
+
+  Args:
+    model: the model.
+    shared_grads: the gradient the server received.
+    num_images: B.
+
+  Returns:
+    int32 ``[B]``.
+  """
+  layer = models_lib.defended_params(model, shared_grads)
+  kernel = layer["kernel"]
+  col = jnp.sum(kernel.reshape(-1, kernel.shape[-1]), axis=0)
+  if num_images == 1:
+    return jnp.argmin(col)[None].astype(jnp.int32)
+  s = layer["bias"] if "bias" in layer else col
+  order = jnp.argsort(s)
+  n_neg = jnp.sum(s < 0)
+  idx = jnp.arange(num_images)
+  pick = order[jnp.minimum(idx, s.shape[0] - 1)]
+  return jnp.where(idx < n_neg, pick, order[0]).astype(jnp.int32)
+
+
+def tree_select(pred: jax.Array, a: Any, b: Any) -> Any:
+  """``a`` where the scalar ``pred`` holds, else ``b``, leafwise."""
+  return jax.tree_util.tree_map(lambda u, v: jnp.where(pred, u, v), a, b)
+
+
+def tree_all_finite(tree: Any) -> jax.Array:
+  """Scalar bool: every leaf of ``tree`` is finite."""
+  leaves = [jnp.all(jnp.isfinite(t)) for t in jax.tree_util.tree_leaves(tree)]
+  return jnp.all(jnp.stack(leaves))
+
+
+def to_host(result: AttackResult) -> AttackResult:
+  """Copies a result to NumPy (and Python bool / float scalars)."""
+  return AttackResult(
+      x_rec=np.asarray(result.x_rec),
+      labels_rec=np.asarray(result.labels_rec),
+      loss_history=np.asarray(result.loss_history),
+      final_loss=float(result.final_loss),
+      diverged=bool(result.diverged),
+      iterations=int(result.iterations))
