@@ -1,0 +1,233 @@
+"""Tests of repdef_jax.data: TFDS loading, caching and pixel scaling."""
+
+import os
+import socket
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from repdef_jax import data
+
+NUM_MOCK = 12
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memory_cache():
+  data.clear_cache()
+  yield
+  data.clear_cache()
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+  """Makes any attempt to open a network connection fail loudly."""
+
+  def refuse(*args, **kwargs):
+    raise AssertionError(f"network access attempted: {args}")
+
+  monkeypatch.setattr(socket.socket, "connect", refuse)
+  monkeypatch.setattr(socket, "create_connection", refuse)
+  monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+def test_get_info():
+  info = data.get_info("cifar10")
+  assert info.image_shape == (32, 32, 3)
+  assert info.num_classes == 10
+  assert len(info.mean) == len(info.std) == info.num_channels == 3
+  assert data.get_info("cifar100").num_classes == 100
+  assert data.get_info("fashion_mnist").mean == (0.2860,)
+  assert set(data.DATASETS) == {"mnist", "fashion_mnist", "cifar10",
+                                "cifar100"}
+
+
+def test_get_info_unknown_name():
+  with pytest.raises(ValueError, match=r"name='svhn'.*cifar10"):
+    data.get_info("svhn")
+
+
+@pytest.mark.parametrize("name, shape", [("mnist", (28, 28, 1)),
+                                         ("cifar10", (32, 32, 3))])
+def test_load_shapes_and_dtypes(name, shape, tmp_path):
+  with tfds.testing.mock_data(num_examples=NUM_MOCK):
+    images, labels = data.load(name, "train", tmp_path, cache_dir=tmp_path)
+  assert images.shape == (NUM_MOCK, *shape)
+  assert images.dtype == np.uint8
+  assert labels.shape == (NUM_MOCK,)
+  assert labels.dtype == np.int32
+  assert labels.min() >= 0 and labels.max() < 10
+
+
+def test_load_max_examples(tmp_path):
+  with tfds.testing.mock_data(num_examples=NUM_MOCK):
+    images, labels = data.load("mnist", "test", tmp_path,
+                               cache_dir=tmp_path, max_examples=5)
+    full_images, _ = data.load("mnist", "test", tmp_path, cache_dir=tmp_path)
+  assert images.shape[0] == labels.shape[0] == 5
+  np.testing.assert_array_equal(images, full_images[:5])
+  with pytest.raises(ValueError, match="max_examples"):
+    data.load("mnist", "test", tmp_path, max_examples=-1)
+
+
+def test_load_unknown_name_and_split(tmp_path):
+  with pytest.raises(ValueError, match="name='imagenet'"):
+    data.load("imagenet", "train", tmp_path)
+  with pytest.raises(ValueError, match=r"split='validation'.*'train'"):
+    data.load("mnist", "validation", tmp_path)
+  with pytest.raises(ValueError, match="split='train\\+dev'"):
+    data.load("mnist", "train+dev", tmp_path)
+
+
+def test_memory_cache_returns_same_arrays(tmp_path):
+  with tfds.testing.mock_data(num_examples=NUM_MOCK):
+    first = data.load("mnist", "train", tmp_path, cache_dir=tmp_path)
+    second = data.load("mnist", "train", tmp_path, cache_dir=tmp_path)
+  assert first[0] is second[0] and first[1] is second[1]
+  assert not first[0].flags.writeable
+
+
+def test_disk_cache_written_atomically_and_reused(tmp_path, monkeypatch):
+  cache_dir = tmp_path / "cache"
+  replaced = []
+  real_replace = os.replace
+
+  def recording_replace(src, dst):
+    replaced.append((str(src), str(dst)))
+    real_replace(src, dst)
+
+  monkeypatch.setattr(os, "replace", recording_replace)
+  with tfds.testing.mock_data(num_examples=NUM_MOCK):
+    images, labels = data.load("cifar10", "test", tmp_path,
+                               cache_dir=cache_dir)
+  files = sorted(os.listdir(cache_dir))
+  assert len(files) == 1 and files[0].endswith(".npz")
+  assert files[0].startswith("cifar10-test-3.0.2-all-")
+  [(src, dst)] = replaced
+  assert os.path.dirname(src) == os.path.dirname(dst) == str(cache_dir)
+  assert src.endswith(".npz.tmp") and dst == str(cache_dir / files[0])
+
+  # A fresh process (empty memory cache) must read the file, not decode.
+  data.clear_cache()
+
+  def no_decoding(*args, **kwargs):
+    raise AssertionError("decoded although the disk cache exists")
+
+  monkeypatch.setattr(data, "_decode", no_decoding)
+  with tfds.testing.mock_data(num_examples=NUM_MOCK):
+    cached_images, cached_labels = data.load("cifar10", "test", tmp_path,
+                                             cache_dir=cache_dir)
+  np.testing.assert_array_equal(cached_images, images)
+  np.testing.assert_array_equal(cached_labels, labels)
+
+
+def test_corrupt_disk_cache_is_replaced(tmp_path):
+  with tfds.testing.mock_data(num_examples=NUM_MOCK):
+    images, _ = data.load("mnist", "train", tmp_path, cache_dir=tmp_path)
+    [cache_file] = [f for f in os.listdir(tmp_path) if f.endswith(".npz")]
+    (tmp_path / cache_file).write_bytes(b"not a zip file")
+    data.clear_cache()
+    reloaded, _ = data.load("mnist", "train", tmp_path, cache_dir=tmp_path)
+  np.testing.assert_array_equal(reloaded, images)
+  with np.load(tmp_path / cache_file) as archive:
+    np.testing.assert_array_equal(archive["images"], images)
+
+
+def test_unwritable_cache_dir_is_skipped(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("makedirs below a regular file fails")
+  with tfds.testing.mock_data(num_examples=NUM_MOCK):
+    images, labels = data.load("mnist", "train", tmp_path,
+                               cache_dir=blocker / "cache")
+  assert images.shape[0] == labels.shape[0] == NUM_MOCK
+  assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+@pytest.mark.usefixtures("no_network")
+def test_missing_data_dir_fails_fast(tmp_path):
+  start = time.perf_counter()
+  with pytest.raises(FileNotFoundError) as error:
+    data.load("mnist", "train", tmp_path, cache_dir=tmp_path / "cache")
+  assert time.perf_counter() - start < 20
+  assert isinstance(error.value, data.DataNotFoundError)
+  message = str(error.value)
+  for part in ("'mnist'", "'train'", str(tmp_path), "TFDS_DATA_DIR",
+               "data_dir"):
+    assert part in message
+  assert os.listdir(tmp_path) == []  # Nothing was prepared or downloaded.
+
+
+@pytest.mark.usefixtures("no_network")
+def test_data_dir_defaults_to_environment(tmp_path, monkeypatch):
+  monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+  with pytest.raises(data.DataNotFoundError) as error:
+    data.load("cifar10", "test", cache_dir=tmp_path / "cache")
+  assert "'cifar10'" in str(error.value)
+  assert str(tmp_path) in str(error.value)
+
+
+def test_to_float():
+  images = np.array([[0, 128, 255]], np.uint8)[..., None]
+  scaled = data.to_float(images)
+  assert scaled.dtype == np.float32
+  np.testing.assert_allclose(scaled[..., 0], [[0.0, 128 / 255, 1.0]])
+  jax_scaled = jax.jit(data.to_float)(jnp.asarray(images))
+  assert jax_scaled.dtype == jnp.float32
+  np.testing.assert_allclose(jax_scaled, scaled)
+  halves = np.full((2, 2), 0.5, np.float64)
+  assert data.to_float(halves).dtype == np.float32
+  with pytest.raises(TypeError, match="int32"):
+    data.to_float(np.zeros((2, 2), np.int32))
+
+
+@pytest.mark.parametrize("name", sorted(data.DATASETS))
+def test_normalize_round_trip(name):
+  info = data.get_info(name)
+  rng = np.random.default_rng(0)
+  x = rng.random((2, *info.image_shape), dtype=np.float32)
+  normalized = jax.jit(data.normalize, static_argnums=1)(jnp.asarray(x), name)
+  assert normalized.dtype == jnp.float32
+  restored = jax.jit(data.denormalize, static_argnums=1)(normalized, name)
+  np.testing.assert_allclose(restored, x, atol=1e-6)
+  np.testing.assert_allclose(data.denormalize(data.normalize(x, name), name),
+                             x, atol=1e-6)
+  at_mean = np.broadcast_to(np.asarray(info.mean, np.float32), x.shape)
+  np.testing.assert_allclose(data.normalize(at_mean, name), 0.0, atol=1e-6)
+
+
+def test_normalize_checks_channels():
+  with pytest.raises(ValueError, match="3 channel"):
+    data.normalize(np.zeros((1, 28, 28, 1), np.float32), "cifar10")
+
+
+def _has_real_data() -> bool:
+  root = os.environ.get("TFDS_DATA_DIR", "")
+  return bool(root) and all(
+      os.path.isdir(os.path.join(root, name)) for name in ("mnist", "cifar10"))
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not _has_real_data(),
+                    reason="TFDS_DATA_DIR does not hold mnist and cifar10")
+def test_real_datasets_load(tmp_path):
+  expected = {("mnist", "train"): 60000, ("mnist", "test"): 10000,
+              ("cifar10", "test"): 10000, ("cifar10", "train"): None}
+  for pass_name in ("cold", "warm"):
+    data.clear_cache()
+    for (name, split), count in expected.items():
+      start = time.perf_counter()
+      images, labels = data.load(name, split, cache_dir=tmp_path)
+      elapsed = time.perf_counter() - start
+      print(f"{pass_name} load {name}/{split}: {len(images)} examples in "
+            f"{elapsed:.2f} s")
+      info = data.get_info(name)
+      assert images.shape[1:] == info.image_shape
+      assert images.dtype == np.uint8 and labels.dtype == np.int32
+      assert len(images) == len(labels) > 0
+      if count is not None:
+        assert len(images) == count
+      np.testing.assert_array_equal(np.unique(labels),
+                                    np.arange(info.num_classes))
