@@ -1,0 +1,134 @@
+"""Crash-safe result files and run set-up shared by the experiment scripts.
+
+Everything an experiment writes goes through these helpers so that a run
+killed at any moment leaves either the old file or the new one, never half of
+one: data is written to a temporary file in the same folder, flushed, synced
+and moved over the target with ``os.replace`` (atomic on POSIX).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from typing import Any, Iterator
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def _atomic_path(path: str) -> Iterator[str]:
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-",
+                             suffix=os.path.basename(path))
+  os.close(fd)
+  try:
+    yield tmp
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def _json_default(obj: Any) -> Any:
+  if isinstance(obj, (np.generic,)):
+    return obj.item()
+  if hasattr(obj, "tolist"):
+    return obj.tolist()
+  if hasattr(obj, "to_dict"):
+    return obj.to_dict()
+  raise TypeError(f"cannot write {type(obj).__name__} to JSON")
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Writes ``data`` to ``path`` atomically."""
+  with _atomic_path(path) as tmp:
+    with open(tmp, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes ``text`` (UTF-8) to ``path`` atomically."""
+  write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str, obj: Any) -> None:
+  """Writes ``obj`` as indented JSON to ``path`` atomically.
+
+  NumPy and JAX scalars and arrays are converted to Python numbers and lists;
+  non-finite floats are written as JSON's ``NaN`` / ``Infinity`` tokens, which
+  Python's ``json`` reads back.
+  """
+  write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def read_json(path: str, default: Any = None) -> Any:
+  """Reads JSON from ``path``, or returns ``default`` when it does not exist."""
+  if not os.path.exists(path):
+    return default
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
+  """Writes ``rows`` as JSON lines to ``path`` atomically (whole file)."""
+  write_text(path, "".join(
+      json.dumps(r, default=_json_default) + "\n" for r in rows))
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  """Reads JSON lines, ignoring a torn last line (never written by us)."""
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      line = line.strip()
+      if not line:
+        continue
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        break
+  return rows
+
+
+def save_figure(fig: Any, path: str, **kwargs) -> None:
+  """Saves a matplotlib figure to ``path`` atomically (format from suffix)."""
+  fmt = os.path.splitext(path)[1].lstrip(".") or "png"
+  with _atomic_path(path) as tmp:
+    fig.savefig(tmp, format=fmt, **kwargs)
+
+
+def enable_compilation_cache(cache_dir: str | None = None) -> str | None:
+  """Turns on JAX's persistent compilation cache for an entry point.
+
+  Args:
+    cache_dir: where compiled programs are kept. ``None`` uses the
+      environment variable ``REPDEF_JAX_COMPILATION_CACHE`` or
+      ``~/.cache/repdef_jax/jax_compilation``; an empty string disables it.
+
+  Returns:
+    The folder in use, or None when disabled.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if cache_dir is None:
+    cache_dir = os.environ.get(
+        "REPDEF_JAX_COMPILATION_CACHE",
+        os.path.join(os.path.expanduser("~"), ".cache", "repdef_jax",
+                     "jax_compilation"))
+  if not cache_dir:
+    return None
+  try:
+    os.makedirs(cache_dir, exist_ok=True)
+  except OSError:
+    return None
+  jax.config.update("jax_compilation_cache_dir", cache_dir)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return cache_dir
