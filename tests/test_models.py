@@ -48,9 +48,10 @@ def test_uniform_init_is_in_range():
 
 
 @pytest.mark.parametrize("name", ["lenet", "convnet64", "lenet5", "leakage"])
-def test_patches_conv_equals_xla_conv(name):
+@pytest.mark.parametrize("impl", ["patches", "s2d"])
+def test_conv_formulations_equal_xla_conv(name, impl):
   m1 = models.get_model(name, (32, 32, 3), conv_impl="xla")
-  m2 = models.get_model(name, (32, 32, 3), conv_impl="patches")
+  m2 = models.get_model(name, (32, 32, 3), conv_impl=impl)
   params = m1.init(jax.random.key(0))
   x = jax.random.uniform(jax.random.key(1), (3, 32, 32, 3))
   np.testing.assert_allclose(m1.apply(params, x), m2.apply(params, x),

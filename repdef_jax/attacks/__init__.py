@@ -1,0 +1,115 @@
+"""Gradient-inversion attacks: DLG, iDLG, Inverting Gradients, adaptive variants.
+
+Every attack has one signature::
+
+  attack = get_attack('dlg')
+  result = attack(model, params, shared_grads, num_images, key,
+                  labels=None, config=None, **overrides)
+
+and returns an :class:`AttackResult` ``(x_rec, labels_rec, loss_history,
+final_loss, diverged, iterations)``. The attacker uses only what the server
+sees: the model, the parameters and the shared (possibly defended) gradient.
+Inputs are checked on the host first (gradient tree matching the parameters,
+finite gradient, image shape fitting the model: clear ``ValueError``).
+
+Registered names (:data:`ATTACKS`):
+
+* ``dlg``: DLG, Zhu et al. 2019 (L-BFGS, summed L2, learned soft label);
+  the function is :func:`dlg_attack` (``attacks.dlg`` is the module).
+* ``idlg``: iDLG, Zhao et al. 2020 (label read off the last layer).
+* ``gs``: Inverting Gradients, Geiping et al. 2020 (cosine + TV, signed Adam).
+* ``dlg_drop`` / ``gs_drop``: the defended layer left out of the objective
+  (Balunovic et al., ICLR 2022).
+* ``dlg_mask`` / ``gs_mask``: the shared gradient's all-zero defended rows
+  masked in the trial gradient too (GGL, Li et al., CVPR 2022).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+from repdef_jax.attacks import objectives
+from repdef_jax.attacks.base import AttackResult
+from repdef_jax.attacks.base import infer_labels
+from repdef_jax.attacks.base import to_host
+from repdef_jax.attacks import dlg  # The module; the function: dlg_attack.
+from repdef_jax.attacks import inverting
+from repdef_jax.attacks.dlg import dlg as dlg_attack
+from repdef_jax.attacks.dlg import DLGConfig
+from repdef_jax.attacks.inverting import box_from_normalization
+from repdef_jax.attacks.inverting import GSConfig
+from repdef_jax.attacks.inverting import inverting_gradients
+from repdef_jax.attacks.objectives import cosine_distance
+from repdef_jax.attacks.objectives import GradientView
+from repdef_jax.attacks.objectives import l2_distance
+from repdef_jax.attacks.objectives import total_variation
+
+
+class Attack(NamedTuple):
+  """A registered attack: a base function, its config class and fixed fields.
+
+  Attributes:
+    name: registry name.
+    fn: ``fn(model, params, shared_grads, num_images, key, *, labels,
+      config) -> AttackResult``.
+    config_cls: the config dataclass (``DLGConfig`` or ``GSConfig``).
+    fixed: config fields this variant always sets (e.g. its view).
+  """
+
+  name: str
+  fn: Callable[..., AttackResult]
+  config_cls: type
+  fixed: dict
+
+  def make_config(self, config: Any = None, **overrides) -> Any:
+    """The variant's config: ``config`` (or defaults), overrides, fixed."""
+    config = config if config is not None else self.config_cls()
+    if not isinstance(config, self.config_cls):
+      raise ValueError(f"Attack {self.name!r} takes a "
+                       f"{self.config_cls.__name__}, got "
+                       f"{type(config).__name__}.")
+    return dataclasses.replace(config, **{**overrides, **self.fixed})
+
+  def __call__(self, model, params, shared_grads, num_images, key, *,
+               labels=None, config=None, **overrides) -> AttackResult:
+    return self.fn(model, params, shared_grads, num_images, key,
+                   labels=labels, config=self.make_config(config, **overrides))
+
+
+_DROP = GradientView(drop_defended=True)
+_MASK = GradientView(mask_from_shared=True)
+
+ATTACKS: dict[str, Attack] = {
+    "dlg": Attack("dlg", dlg_attack, DLGConfig, {}),
+    "idlg": Attack("idlg", dlg_attack, DLGConfig, {"infer_label": True}),
+    "gs": Attack("gs", inverting_gradients, GSConfig, {}),
+    "dlg_drop": Attack("dlg_drop", dlg_attack, DLGConfig, {"view": _DROP}),
+    "gs_drop": Attack("gs_drop", inverting_gradients, GSConfig,
+                      {"view": _DROP}),
+    "dlg_mask": Attack("dlg_mask", dlg_attack, DLGConfig, {"view": _MASK}),
+    "gs_mask": Attack("gs_mask", inverting_gradients, GSConfig,
+                      {"view": _MASK}),
+}
+ATTACK_NAMES = tuple(ATTACKS)
+
+
+def get_attack(name: str) -> Attack:
+  """The registered attack ``name``.
+
+  Raises:
+    ValueError: unknown name (the message lists the valid names).
+  """
+  if name not in ATTACKS:
+    raise ValueError(f"Unknown attack {name!r}; valid names: "
+                     f"{', '.join(ATTACK_NAMES)}.")
+  return ATTACKS[name]
+
+
+__all__ = [
+    "ATTACKS", "ATTACK_NAMES", "Attack", "AttackResult", "DLGConfig",
+    "GSConfig", "GradientView", "box_from_normalization", "cosine_distance",
+    "dlg", "dlg_attack", "get_attack", "infer_labels", "inverting",
+    "inverting_gradients", "l2_distance",
+    "objectives", "to_host", "total_variation",
+]

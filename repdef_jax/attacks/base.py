@@ -93,6 +93,10 @@ def infer_labels(model: models_lib.Model, shared_grads: Params,
   negative for the classes present (kernel column sums when there is no
   bias). Those classes, most negative first, fill the labels; if fewer
   classes are negative than images, the rest repeat the most negative class.
+  Entry k is ``(sum_b p_bk - n_k) / B``, so a present class is found only when
+  the model's summed probability for it stays below its count (true for an
+  untrained net with small logits; DLG's U(-0.5, 0.5) LeNet can be too
+  confident).
   Order is arbitrary: match reconstructions to images with the Hungarian
   method before comparing.
 

@@ -17,12 +17,13 @@ the shared gradient's pruning mask applied to the trial gradient).
 
 Where this departs from the reference PyTorch code:
 
-* Optimiser: ``optax.lbfgs(learning_rate=1.0, memory_size=100,
-  linesearch=None)``: lr 1, history 100, no line search, as
-  ``torch.optim.LBFGS(lr=1)``. Two small differences: optax caps the very
-  first step to the Euclidean unit ball (PyTorch: ``min(1, 1/||g||_1)``), and
-  optax stores every curvature pair (PyTorch skips pairs with
-  ``y^T s <= 1e-10``).
+* Optimiser: lr 1, history 100, no line search, as ``torch.optim.LBFGS(lr=1)``.
+  The default is :func:`repdef_jax.attacks.lbfgs.torch_lbfgs`, an optax
+  ``GradientTransformation`` with torch's step rule, not
+  ``optax.lbfgs(learning_rate=1.0, memory_size=100, linesearch=None)``:
+  optax 0.2.8 stores curvature pairs with ``y^T s <= 0`` (torch skips them),
+  which on DLG's non-convex objective gave ascent directions and diverged in
+  our tests. ``optimizer='optax'`` selects optax's.
 * Loop: PyTorch runs 300 outer ``step(closure)`` calls of up to 20 inner
   iterations each. Here the whole attack is one ``lax.while_loop`` inside
   ``jit`` over at most ``outer_steps * inner_steps`` single L-BFGS
@@ -50,6 +51,7 @@ import optax
 from repdef_jax import gradients as gradients_lib
 from repdef_jax import models as models_lib
 from repdef_jax.attacks import base
+from repdef_jax.attacks import lbfgs as lbfgs_lib
 from repdef_jax.attacks import objectives
 
 Params = Any
@@ -71,6 +73,9 @@ class DLGConfig:
     view: which gradient entries to match (adaptive attacks).
     diverge_factor: loss above this times the initial loss = diverged.
     max_abs_pixel: an image entry beyond this magnitude = diverged.
+    optimizer: 'torch' (:func:`repdef_jax.attacks.lbfgs.torch_lbfgs`, the
+      curvature-safe rule of ``torch.optim.LBFGS``; default) or 'optax'
+      (``optax.lbfgs(lr, memory_size, linesearch=None)``).
   """
 
   outer_steps: int = 300
@@ -83,6 +88,7 @@ class DLGConfig:
   view: objectives.GradientView = objectives.GradientView()
   diverge_factor: float = 1e4
   max_abs_pixel: float = 1e3
+  optimizer: str = "torch"
 
 
 def dlg(model: models_lib.Model, params: Params, shared_grads: Params,
@@ -138,8 +144,14 @@ def _dlg_jit(model, params, shared_grads, key, labels, *, num_images, mode,
     return objectives.gradient_distance("l2", g, shared_grads, weights)
 
   value_and_grad = jax.value_and_grad(loss_fn)
-  opt = optax.lbfgs(learning_rate=config.learning_rate,
-                    memory_size=config.memory_size, linesearch=None)
+  if config.optimizer == "torch":
+    opt = lbfgs_lib.torch_lbfgs(config.learning_rate, config.memory_size)
+  elif config.optimizer == "optax":
+    opt = optax.lbfgs(learning_rate=config.learning_rate,
+                      memory_size=config.memory_size, linesearch=None)
+  else:
+    raise ValueError(f"optimizer must be 'torch' or 'optax', got "
+                     f"{config.optimizer!r}.")
   loss0, grad0 = value_and_grad(z)
   total = config.outer_steps * config.inner_steps
   hist0 = jnp.full((config.outer_steps,), jnp.nan, jnp.float32)

@@ -1,0 +1,544 @@
+"""Soteria: the representation-perturbation defense (q = 0 closed form).
+
+References:
+  Sun, Li, Wang, Yang, Li, Chen. "Provable Defense against Privacy Leakage in
+  Federated Learning from Representation Perspective" (Soteria), CVPR 2021,
+  arXiv 2012.06043, Section 4; and its public PyTorch reference code (as
+  summarised in ``shared/reference/NOTES.md`` section 1).
+
+The defended layer is the model's last fully connected layer ``head`` (see
+:mod:`repdef_jax.models`); its input is the representation ``r`` [F]. For a
+linear layer ``dL/dW = delta r^T`` (paper's ``W`` is [K, F]), so setting
+``r_i = 0`` is the same as zeroing *column* i of the paper's ``dL/dW``. Flax
+stores the kernel transposed, ``[F, K]``: column i of the paper's ``dL/dW`` is
+**row i of the flax kernel gradient**. :func:`apply_mask` zeroes those rows.
+
+Pipeline (all pure, jittable, vmappable over clients):
+
+1. :func:`feature_scores` computes the per-example Jacobian ``J_b = dr/dx``
+   ``[F, D]`` in one ``vmap`` over examples of a ``vmap``-ed ``vjp`` over the
+   identity basis of ``R^F`` (that is ``jax.jacrev``; no Python loop over
+   features) and one score per feature, summed over the (real) examples:
+
+   * ``score='reference'``: ``sum_b ||d r_bi / d x_b||_2 / (r_bi + eps)``, the
+     reference code's approximation (eps 0 for sigmoid nets, 0.1 for ReLU).
+   * ``score='exact'``: the paper's ``||r_i (dx/dr_i)||_2`` with ``dx/dr_i``
+     column i of the Moore-Penrose pseudo-inverse ``J^+`` [D, F]. We never
+     form ``J^+``: with the thin SVD ``J = U S V^T``,
+     ``||J^+ e_i||_2 = ||U[i, :] / S||_2`` (singular values below
+     ``max(F, D) * float_eps * S_max`` dropped, as ``jnp.linalg.pinv``). For
+     ``F <= D`` (all our models) ``J^+ e_i`` is the minimum-norm input change
+     that moves ``r_i`` by one and nothing else; for ``F > D`` it is the
+     least-squares input change (pseudo-inverse columns), documented, not
+     special-cased. **Orientation:** the paper prunes the features with the
+     *largest* ``||r_i dX/dr_i||``; the reference score is the approximate
+     reciprocal of that quantity and prunes the *smallest*. So that one
+     :func:`mask_from_scores` serves both, ``'exact'`` returns
+     ``-sum_b ||r_bi J_b^+ e_i||_2`` (small score = prune). A feature that is
+     0 on every image gets score 0, the largest possible, and is never pruned
+     first.
+
+2. :func:`mask_from_scores` turns scores into a 0/1 keep-mask:
+   ``selection='percentile'`` reproduces the reference exactly (prune every
+   feature whose score is strictly below ``np.percentile(scores, percent)``
+   with linear interpolation; ties at the threshold are kept), and
+   ``selection='count'`` prunes exactly ``round(percent / 100 * F)`` features
+   (Python/NumPy round-half-to-even), smallest score first, ties broken by
+   feature index (stable argsort), and features listed as ``inactive`` (r = 0
+   on every real image, pruning them changes nothing) ranked last, so the
+   nominal fraction really is removed.
+
+3. A *perturbation* (registered in :data:`PERTURBATIONS`, q = 0 is ``'q0'``)
+   maps the scores to a multiplicative factor per defended-kernel row, and
+   :func:`apply_mask` applies it to the kernel gradient and nothing else.
+
+Reported diagnostics (``info`` of the :class:`~repdef_jax.defenses.base.Defense`):
+
+* ``pruned_fraction``: nominal, ``#{i: keep_i = 0} / F``.
+* ``effective_pruned_fraction``: ``#{i: keep_i = 0 and r_bi != 0 for some
+  real example b} / F``: the fraction of kernel-gradient rows that the
+  defense actually changed (a row whose r_i is 0 on every image is already
+  zero in ``dL/dW``).
+* ``pruned_fraction_of_active``: the same count divided by the number of
+  active features ``#{i: r_bi != 0 for some real b}`` (0 when none), the
+  number NOTES.md quotes ("at 60 % only 12-20 % of the non-zero features").
+* ``active_fraction``: active features / F.
+
+Departures from the paper / reference code (all opt-in except the first):
+
+* One mask per client batch from scores summed over the batch (the reference
+  handles one image; its batch behaviour sums scores, we do the same), and
+  padded examples (``batch.mask == 0``) contribute nothing to scores or to
+  the active set.
+* ``selection='count'`` and ``score='exact'`` fix the reference's known
+  weaknesses (ties at 0 of ReLU features; the approximate score).
+* ``protect_bias=True`` also zeroes the defended layer's bias gradient. The
+  paper leaves the bias alone (default); but ``dL/db = delta``, and the ratio
+  of a row of ``dL/dW`` to ``dL/db`` reveals ``r`` of a single image exactly,
+  so hiding it is a meaningful option.
+
+Adding a new perturbation norm (q = 1, q = 2, ...)
+--------------------------------------------------
+A perturbation is a pure function
+``fn(ctx: PerturbationInputs, strength) -> (row_scale [F], info)`` registered
+with ``@register_perturbation('q2')``. ``ctx`` holds the summed scores, the
+per-example representations and Jacobian row norms, the example weights and
+the active set; ``strength`` is the perturbation budget in the norm's own
+units (for q = 0: percent of features). ``row_scale`` multiplies row i of the
+defended kernel gradient (a 0/1 keep-mask for q = 0; any float factor for a
+shrinkage-type q = 1/q = 2 solution). Contract (checked for every registered
+perturbation by ``tests/test_perturbation_template.py``): shape ``[F]``,
+finite, deterministic, jittable, ``strength = 0`` gives all ones (identity),
+and only the defended kernel's rows are touched. Then
+``soteria(model, strength, q='q2')`` uses it. A perturbation that adds a
+different vector to every example's ``r`` (the general q = 2 answer) cannot
+be expressed as a row scale of the summed gradient; it would need the
+per-example ``delta_b`` and is left for a future interface.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from repdef_jax import models as models_lib
+from repdef_jax.defenses import base
+
+Params = Any
+
+SCORES = ("reference", "exact")
+SELECTIONS = ("percentile", "count")
+JACOBIAN_MODES = ("rev", "fwd")
+
+
+# --------------------------------------------------------------------------
+# Validation helpers (host side).
+
+
+def check_percent(percent: Any, name: str = "percent") -> None:
+  """Raises a ValueError unless ``percent`` is a number in [0, 100].
+
+  Traced values are accepted unchecked (validation is host-side only).
+  """
+  if isinstance(percent, jax.core.Tracer):
+    return
+  try:
+    value = float(percent)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name} must be a number in [0, 100], got "
+                     f"{percent!r}.") from None
+  if not 0.0 <= value <= 100.0 or math.isnan(value):
+    raise ValueError(f"{name} must be a number in [0, 100], got {percent!r}.")
+
+
+def _check_choice(value: str, choices: Sequence[str], name: str) -> None:
+  if value not in choices:
+    raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}.")
+
+
+# --------------------------------------------------------------------------
+# Jacobian and scores.
+
+
+def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
+                          x: jax.Array,
+                          *,
+                          jacobian: str = "rev") -> tuple[jax.Array, jax.Array]:
+  """Per-example representation and Jacobian, no loop over features.
+
+  Args:
+    features_fn: one input ``[H, W, C]`` (any shape) -> ``r`` ``[F]``.
+    x: a batch ``[B, ...]`` of inputs.
+    jacobian: 'rev' (vmap of one vjp over the identity basis of R^F, i.e.
+      ``jax.jacrev``: F backward passes batched) or 'fwd' (D forward-mode
+      passes batched, ``jax.jacfwd``).
+
+  Returns:
+    ``(r [B, F], J [B, F, D])`` with D the size of one input.
+
+  Raises:
+    ValueError: ``features_fn`` does not return a 1-D array, bad ``jacobian``.
+  """
+  _check_choice(jacobian, JACOBIAN_MODES, "jacobian")
+  out = jax.eval_shape(features_fn, jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
+  if len(out.shape) != 1:
+    raise ValueError("features_fn must map one input to a 1-D representation "
+                     f"r of shape [F]; it returned shape {tuple(out.shape)}.")
+  num_features = out.shape[0]
+
+  def one(xi):
+    if jacobian == "rev":
+      r, vjp = jax.vjp(features_fn, xi)
+      (jac,) = jax.vmap(vjp)(jnp.eye(num_features, dtype=r.dtype))
+    else:
+      r = features_fn(xi)
+      jac = jax.jacfwd(features_fn)(xi)
+    return r, jac.reshape(num_features, -1)
+
+  return jax.vmap(one)(x)
+
+
+def _pinv_column_norms(jac: jax.Array) -> jax.Array:
+  """``||J^+ e_i||_2`` for every i, from the thin SVD of ``J`` [F, D]."""
+  u, s, _ = jnp.linalg.svd(jac, full_matrices=False)
+  cutoff = max(jac.shape) * jnp.finfo(jac.dtype).eps * jnp.max(s)
+  inv_s = jnp.where(s > cutoff, 1.0 / jnp.where(s > cutoff, s, 1.0), 0.0)
+  return jnp.linalg.norm(u * inv_s[None, :], axis=1)
+
+
+def scores_from_jacobian(r: jax.Array,
+                         jac: jax.Array,
+                         *,
+                         score: str = "reference",
+                         eps: float = 0.0,
+                         weights: jax.Array | None = None) -> jax.Array:
+  """Feature scores ``[F]`` from per-example ``r [B, F]`` and ``J [B, F, D]``.
+
+  See :func:`feature_scores` for the definitions.
+  """
+  _check_choice(score, SCORES, "score")
+  if score == "reference":
+    per_example = jnp.linalg.norm(jac, axis=-1) / (r + eps)
+  else:
+    per_example = -jnp.abs(r) * jax.vmap(_pinv_column_norms)(jac)
+  if weights is not None:
+    # where, not multiply: a padded example's inf / nan must not leak in.
+    per_example = jnp.where(weights[:, None] > 0,
+                            per_example * weights[:, None].astype(r.dtype), 0.0)
+  return jnp.sum(per_example, axis=0)
+
+
+def feature_scores(features_fn: Callable[[jax.Array], jax.Array],
+                   x: jax.Array,
+                   *,
+                   score: str = "reference",
+                   eps: float = 0.0,
+                   weights: jax.Array | None = None,
+                   jacobian: str = "rev") -> jax.Array:
+  """One Soteria score per representation feature, summed over a batch.
+
+  Args:
+    features_fn: one input ``[H, W, C]`` -> representation ``r`` ``[F]``
+      (e.g. ``model.feature_fn(params)``).
+    x: inputs ``[B, H, W, C]``.
+    score: 'reference': ``sum_b ||dr_bi/dx_b||_2 / (r_bi + eps)``; 'exact':
+      ``-sum_b ||r_bi (J_b^+ e_i)||_2`` (negated so that, like 'reference',
+      a small score means prune; see the module docstring).
+    eps: denominator epsilon of the 'reference' score (ignored by 'exact').
+    weights: optional ``[B]`` example weights (0 = padding, contributes
+      nothing).
+    jacobian: 'rev' or 'fwd', see :func:`features_and_jacobian`.
+
+  Returns:
+    Scores ``[F]``.
+
+  Raises:
+    ValueError: bad ``score`` / ``jacobian`` or non 1-D ``features_fn``.
+  """
+  _check_choice(score, SCORES, "score")
+  r, jac = features_and_jacobian(features_fn, x, jacobian=jacobian)
+  return scores_from_jacobian(r, jac, score=score, eps=eps, weights=weights)
+
+
+# --------------------------------------------------------------------------
+# Mask selection.
+
+
+def mask_from_scores(scores: jax.Array,
+                     percent: Any,
+                     *,
+                     selection: str = "percentile",
+                     inactive: jax.Array | None = None) -> jax.Array:
+  """0/1 keep-mask over features (1 = keep, 0 = prune).
+
+  Args:
+    scores: ``[F]`` scores, small = prune first.
+    percent: pruning rate in percent, in [0, 100] (may be traced).
+    selection: 'percentile': prune every feature whose score is strictly below
+      ``np.percentile(scores, percent)`` (linear interpolation), ties kept,
+      exactly as the reference code; 'count': prune exactly
+      ``round(percent / 100 * F)`` features (round half to even), smallest
+      score first, ties broken by lower feature index first.
+    inactive: optional boolean ``[F]``; with 'count', these features are
+      ranked after every other one (they are 0 on every image already, so
+      pruning them is a no-op). Ignored by 'percentile'.
+
+  Returns:
+    Float mask ``[F]`` of the dtype of ``scores`` (float32 for ints).
+
+  Raises:
+    ValueError: bad ``percent`` / ``selection`` or scores not 1-D.
+  """
+  _check_choice(selection, SELECTIONS, "selection")
+  check_percent(percent)
+  if jnp.ndim(scores) != 1:
+    raise ValueError(f"scores must be 1-D [F], got shape {jnp.shape(scores)}.")
+  scores = jnp.asarray(scores)
+  dtype = scores.dtype if jnp.issubdtype(scores.dtype, jnp.floating) else (
+      jnp.float32)
+  num = scores.shape[0]
+  if selection == "percentile":
+    threshold = jnp.percentile(scores, percent, method="linear")
+    return (scores >= threshold).astype(dtype)
+  order_key = scores
+  if inactive is not None:
+    # Two stable sorts = lexicographic (inactive last, then score, then index).
+    order = jnp.argsort(scores, stable=True)
+    order = order[jnp.argsort(inactive[order].astype(jnp.int32), stable=True)]
+  else:
+    order = jnp.argsort(order_key, stable=True)
+  rank = jnp.zeros((num,), jnp.int32).at[order].set(
+      jnp.arange(num, dtype=jnp.int32))
+  n_prune = jnp.round(jnp.asarray(percent, jnp.float32) / 100.0 * num)
+  return (rank >= n_prune).astype(dtype)
+
+
+def pruning_info(keep: jax.Array, active: jax.Array) -> base.Info:
+  """Nominal and effective pruned fractions (see the module docstring)."""
+  num = keep.shape[0]
+  pruned = keep == 0
+  n_active = jnp.sum(active)
+  n_eff = jnp.sum(pruned & active)
+  return {
+      "pruned_fraction": jnp.sum(pruned) / num,
+      "effective_pruned_fraction": n_eff / num,
+      "pruned_fraction_of_active": jnp.where(
+          n_active > 0, n_eff / jnp.maximum(n_active, 1), 0.0),
+      "active_fraction": n_active / num,
+  }
+
+
+# --------------------------------------------------------------------------
+# Applying a mask to the gradient.
+
+
+def _path(model_or_path: Any) -> tuple[str, ...]:
+  if isinstance(model_or_path, models_lib.Model):
+    return tuple(model_or_path.defended_path)
+  if isinstance(model_or_path, str):
+    return (model_or_path,)
+  return tuple(model_or_path)
+
+
+def _replace(tree: Any, path: tuple[str, ...], fn: Callable[[Any], Any]) -> Any:
+  """Functional update of the sub-tree at ``path`` (dicts / FrozenDicts)."""
+  if not path:
+    return fn(tree)
+  key = path[0]
+  new_sub = _replace(tree[key], path[1:], fn)
+  if hasattr(tree, "copy") and not isinstance(tree, dict):
+    return tree.copy({key: new_sub})  # flax FrozenDict
+  out = dict(tree)
+  out[key] = new_sub
+  return type(tree)(out) if type(tree) is not dict else out
+
+
+def defended_layer(tree: Any, model_or_path: Any) -> Any:
+  """Sub-tree of the defended layer, with a clear error when absent.
+
+  Raises:
+    ValueError: ``tree`` has no Dense layer (a ``kernel`` [F, K]) at the path.
+  """
+  path = _path(model_or_path)
+  sub = tree
+  try:
+    for key in path:
+      sub = sub[key]
+    kernel = sub["kernel"]
+  except (KeyError, TypeError, IndexError):
+    raise ValueError(
+        "The model has no defended linear layer: expected a Dense layer with "
+        f"a 'kernel' [F, K] at path {path} in the parameter/gradient tree "
+        f"(top-level keys: {list(getattr(tree, 'keys', lambda: [])())}).") from None
+  if jnp.ndim(kernel) != 2:
+    raise ValueError(f"The defended layer at {path} must be a Dense layer "
+                     f"with a 2-D kernel [F, K]; got shape "
+                     f"{jnp.shape(kernel)}.")
+  return sub
+
+
+def apply_row_scale(grads: Params, row_scale: jax.Array, model_or_path: Any,
+                    *, protect_bias: bool = False) -> Params:
+  """Multiplies row i of the defended kernel gradient by ``row_scale[i]``.
+
+  Entries whose scale is exactly 0 become exactly 0 (``where``, so a NaN or
+  inf gradient entry does not survive a prune); every other leaf of
+  ``grads`` is returned as the same object (bit-identical).
+  """
+  path = _path(model_or_path)
+  layer = defended_layer(grads, path)
+  kernel = layer["kernel"]
+  if row_scale.shape != (kernel.shape[0],):
+    raise ValueError(f"mask must have shape [F] = ({kernel.shape[0]},) for "
+                     f"the defended kernel of shape {kernel.shape}; got "
+                     f"{row_scale.shape}.")
+
+  def update(layer):
+    scale = row_scale.astype(kernel.dtype)[:, None]
+    new_kernel = jnp.where(scale == 0, jnp.zeros_like(kernel), kernel * scale)
+    # Keep rows with scale 1 bit-identical (x * 1 is exact in IEEE anyway).
+    new_kernel = jnp.where(scale == 1, kernel, new_kernel)
+    layer = _replace(layer, ("kernel",), lambda _: new_kernel)
+    if protect_bias and "bias" in layer:
+      layer = _replace(layer, ("bias",), jnp.zeros_like)
+    return layer
+
+  return _replace(grads, path, update)
+
+
+def apply_mask(grads: Params, mask: jax.Array, model_or_path: Any, *,
+               protect_bias: bool = False) -> Params:
+  """Zeroes the pruned columns of the paper's ``dL/dW`` (flax kernel rows).
+
+  Args:
+    grads: gradient pytree (same structure as the parameters).
+    mask: ``[F]`` keep-mask (1 keep, 0 prune).
+    model_or_path: a :class:`~repdef_jax.models.Model` (uses its
+      ``defended_path``) or the path to the defended layer, e.g. ``('head',)``.
+    protect_bias: also zero the defended layer's bias gradient.
+
+  Returns:
+    ``grads`` with rows ``i`` of the defended ``kernel`` [F, K] zeroed where
+    ``mask[i] == 0``; all other entries and leaves bit-identical.
+  """
+  return apply_row_scale(grads, jnp.asarray(mask), model_or_path,
+                         protect_bias=protect_bias)
+
+
+# --------------------------------------------------------------------------
+# Perturbation registry.
+
+
+class PerturbationInputs(NamedTuple):
+  """What a perturbation may use to choose its row scale.
+
+  Attributes:
+    scores: summed feature scores ``[F]`` (small = prune first).
+    r: per-example representations ``[B, F]``.
+    jac_row_norms: ``||d r_bi / d x_b||_2`` ``[B, F]``.
+    weights: example weights ``[B]`` (0 = padding).
+    active: boolean ``[F]``, r non-zero on some real example.
+    selection: 'percentile' or 'count' (static).
+  """
+
+  scores: jax.Array
+  r: jax.Array
+  jac_row_norms: jax.Array
+  weights: jax.Array
+  active: jax.Array
+  selection: str = "percentile"
+
+
+Perturbation = Callable[[PerturbationInputs, Any], tuple[jax.Array, base.Info]]
+PERTURBATIONS: dict[str, Perturbation] = {}
+
+
+def register_perturbation(name: str) -> Callable[[Perturbation], Perturbation]:
+  """Decorator registering a perturbation under ``name`` (e.g. 'q2')."""
+
+  def deco(fn: Perturbation) -> Perturbation:
+    if name in PERTURBATIONS:
+      raise ValueError(f"A perturbation named {name!r} is already registered.")
+    PERTURBATIONS[name] = fn
+    return fn
+
+  return deco
+
+
+@register_perturbation("q0")
+def q0_perturbation(ctx: PerturbationInputs,
+                    strength: Any) -> tuple[jax.Array, base.Info]:
+  """Closed-form q = 0 solution: zero the selected features of ``r``.
+
+  ``||r - r'||_0 <= eps`` with ``p = 2``: keep ``r`` except the features with
+  the largest ``||r_i dX/dr_i||`` (smallest score), which are set to 0 (Sun
+  et al. 2021, Section 4). ``strength`` is the pruning rate in percent.
+  """
+  keep = mask_from_scores(ctx.scores, strength, selection=ctx.selection,
+                          inactive=~ctx.active)
+  return keep, pruning_info(keep, ctx.active)
+
+
+def _resolve_q(q: Any) -> str:
+  name = f"q{q}" if isinstance(q, int) else str(q)
+  if name not in PERTURBATIONS:
+    raise ValueError(f"q must name a registered perturbation, one of "
+                     f"{tuple(PERTURBATIONS)} (or its integer q); got {q!r}.")
+  return name
+
+
+# --------------------------------------------------------------------------
+# The defense.
+
+
+def soteria(model: models_lib.Model,
+            percent: Any,
+            *,
+            score: str = "reference",
+            selection: str = "percentile",
+            eps: float | None = None,
+            protect_bias: bool = False,
+            q: Any = 0,
+            jacobian: str = "rev") -> base.Defense:
+  """The Soteria defense as a :class:`~repdef_jax.defenses.base.Defense`.
+
+  One mask is computed from the whole client batch (scores summed over real
+  examples; padded ones, ``batch.mask == 0``, contribute nothing) at the
+  parameters ``batch.params`` and applied to the defended layer's weight
+  gradient. Deterministic (the key is ignored).
+
+  Args:
+    model: the model; must have a Dense layer at ``model.defended_path``.
+    percent: perturbation strength; for q = 0 the pruning rate in percent,
+      in [0, 100].
+    score: 'reference' or 'exact' (see :func:`feature_scores`).
+    selection: 'percentile' (reference rule) or 'count'.
+    eps: 'reference' score epsilon; None uses ``model.score_eps``.
+    protect_bias: also zero the defended layer's bias gradient.
+    q: the perturbation: an int q (0 -> 'q0') or a registered name.
+    jacobian: 'rev' or 'fwd' Jacobian mode.
+
+  Returns:
+    A Defense named 'soteria' with info keys ``pruned_fraction``,
+    ``effective_pruned_fraction``, ``pruned_fraction_of_active``,
+    ``active_fraction`` (for q0).
+
+  Raises:
+    ValueError: bad arguments, or a model without a defended linear layer.
+  """
+  if not isinstance(model, models_lib.Model):
+    raise ValueError(f"model must be a repdef_jax Model, got {type(model)}.")
+  _check_choice(score, SCORES, "score")
+  _check_choice(selection, SELECTIONS, "selection")
+  _check_choice(jacobian, JACOBIAN_MODES, "jacobian")
+  qname = _resolve_q(q)
+  if qname == "q0":
+    check_percent(percent)
+  eps = model.score_eps if eps is None else float(eps)
+  if eps < 0:
+    raise ValueError(f"eps must be >= 0 (or None for model.score_eps), got "
+                     f"{eps}.")
+  defended_layer(jax.eval_shape(model.init, jax.random.key(0)), model)
+  perturb = PERTURBATIONS[qname]
+
+  def apply(grads, batch: base.ClientBatch, key):
+    del key
+    weights = (jnp.ones(batch.x.shape[:1], batch.x.dtype)
+               if batch.mask is None else batch.mask.astype(batch.x.dtype))
+    r, jac = features_and_jacobian(model.feature_fn(batch.params), batch.x,
+                                   jacobian=jacobian)
+    scores = scores_from_jacobian(r, jac, score=score, eps=eps,
+                                  weights=weights)
+    active = jnp.any((r != 0) & (weights[:, None] > 0), axis=0)
+    ctx = PerturbationInputs(scores=scores, r=r,
+                             jac_row_norms=jnp.linalg.norm(jac, axis=-1),
+                             weights=weights, active=active,
+                             selection=selection)
+    row_scale, info = perturb(ctx, percent)
+    grads = apply_row_scale(grads, row_scale, model, protect_bias=protect_bias)
+    return grads, info
+
+  return base.Defense("soteria", apply)

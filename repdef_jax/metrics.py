@@ -1,0 +1,159 @@
+"""Reconstruction and representation metrics, each with its pixel space.
+
+Pixel spaces (the value of a metric changes ~16x between CIFAR-10's
+normalised space and [0, 1], so every result records its space):
+
+* :func:`mse_raw`: mean over pixels of ``(x_rec - x)^2`` without clamping, in
+  whatever space the images are given (the paper's privacy metric; unbounded
+  for a diverged reconstruction).
+* :func:`mse_clamped`: the same after clamping ``x_rec`` (and ``x``) to
+  [0, 1]; the images must be [0, 1] images.
+* :func:`psnr`, :func:`ssim`: ``dm_pix`` on images clamped to [0, 1]
+  (max value 1), computed per image and then averaged.
+* :func:`label_accuracy`, :func:`match_images` (Hungarian matching on the
+  pairwise clamped MSE), :func:`representation_correlation` (Pearson; space
+  of the representation).
+
+Non-finite reconstructions (a diverged attack) give ``mse = inf``,
+``mse_clamped``/``psnr``/``ssim`` computed after replacing NaN by 0.5 and
++-inf by the box ends, and ``finite = False`` in
+:func:`reconstruction_metrics`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dm_pix as pix
+import jax.numpy as jnp
+import numpy as np
+from scipy import optimize
+
+PIXEL_SPACE = "[0,1]"
+
+
+def _as4d(x):
+  x = np.asarray(x, np.float64)
+  return x[None] if x.ndim == 3 else x
+
+
+def _sanitize(x):
+  """NaN -> 0.5, +-inf -> 1 / 0, then clamp to [0, 1]."""
+  x = np.nan_to_num(np.asarray(x, np.float64), nan=0.5, posinf=1.0, neginf=0.0)
+  return np.clip(x, 0.0, 1.0)
+
+
+def mse_raw(x_rec: Any, x_true: Any) -> np.ndarray:
+  """Per-image mean squared error, no clamping (inf if x_rec is not finite).
+
+  Args:
+    x_rec: ``[B, H, W, C]`` (or one image), any pixel space.
+    x_true: same shape and space.
+
+  Returns:
+    ``[B]`` float64.
+  """
+  x_rec, x_true = _as4d(x_rec), _as4d(x_true)
+  with np.errstate(over="ignore", invalid="ignore"):
+    err = np.mean((x_rec - x_true) ** 2, axis=(1, 2, 3))
+  return np.where(np.isfinite(err), err, np.inf)
+
+
+def mse_clamped(x_rec: Any, x_true: Any) -> np.ndarray:
+  """Per-image MSE after clamping both images to [0, 1]; ``[B]``."""
+  x_rec, x_true = _sanitize(_as4d(x_rec)), _sanitize(_as4d(x_true))
+  return np.mean((x_rec - x_true) ** 2, axis=(1, 2, 3))
+
+
+def psnr(x_rec: Any, x_true: Any) -> np.ndarray:
+  """Per-image PSNR (dB, ``dm_pix.psnr``) on images clamped to [0, 1]; ``[B]``.
+
+  Identical images give +inf.
+  """
+  a = jnp.asarray(_sanitize(_as4d(x_rec)), jnp.float32)
+  b = jnp.asarray(_sanitize(_as4d(x_true)), jnp.float32)
+  out = np.asarray(pix.psnr(a, b), np.float64)
+  return np.where(np.isnan(out), np.inf, out)
+
+
+def ssim(x_rec: Any, x_true: Any) -> np.ndarray:
+  """Per-image SSIM (``dm_pix.ssim``, max value 1) on clamped images; ``[B]``."""
+  a = jnp.asarray(_sanitize(_as4d(x_rec)), jnp.float32)
+  b = jnp.asarray(_sanitize(_as4d(x_true)), jnp.float32)
+  return np.asarray(pix.ssim(a, b, max_val=1.0), np.float64)
+
+
+def label_accuracy(labels_rec: Any, labels_true: Any) -> float:
+  """Fraction of equal labels."""
+  a, b = np.asarray(labels_rec).reshape(-1), np.asarray(labels_true).reshape(-1)
+  if a.shape != b.shape:
+    raise ValueError(f"label shapes differ: {a.shape} vs {b.shape}.")
+  return float(np.mean(a == b)) if a.size else float("nan")
+
+
+def match_images(x_rec: Any, x_true: Any) -> np.ndarray:
+  """Hungarian matching of reconstructions to true images.
+
+  Args:
+    x_rec: ``[B, H, W, C]`` reconstructions.
+    x_true: ``[B, H, W, C]`` true images ([0, 1]).
+
+  Returns:
+    ``perm`` ``[B]`` such that ``x_rec[perm[i]]`` is matched to
+    ``x_true[i]``, minimising the total clamped [0, 1] MSE.
+  """
+  a, b = _sanitize(_as4d(x_rec)), _sanitize(_as4d(x_true))
+  if a.shape != b.shape:
+    raise ValueError(f"x_rec {a.shape} and x_true {b.shape} differ in shape.")
+  fa, fb = a.reshape(len(a), -1), b.reshape(len(b), -1)
+  cost = np.mean((fb[:, None, :] - fa[None, :, :]) ** 2, axis=-1)  # [true, rec]
+  rows, cols = optimize.linear_sum_assignment(cost)
+  perm = np.empty(len(b), np.int64)
+  perm[rows] = cols
+  return perm
+
+
+def representation_correlation(r_est: Any, r_true: Any) -> float:
+  """Pearson correlation of two flattened representations (nan if constant)."""
+  a = np.asarray(r_est, np.float64).reshape(-1)
+  b = np.asarray(r_true, np.float64).reshape(-1)
+  a, b = a - a.mean(), b - b.mean()
+  den = np.sqrt(np.sum(a * a) * np.sum(b * b))
+  return float(np.sum(a * b) / den) if den > 0 else float("nan")
+
+
+def reconstruction_metrics(x_rec: Any, x_true: Any, *,
+                           pixel_space: str = PIXEL_SPACE,
+                           match: bool = True) -> dict:
+  """All image metrics, averaged over the batch, with their pixel space.
+
+  Args:
+    x_rec: reconstructions ``[B, H, W, C]`` (or one image).
+    x_true: true images, same shape, in ``pixel_space``.
+    pixel_space: the space the images are in; clamped metrics (mse_clamped,
+      psnr, ssim) assume '[0,1]' and raise otherwise.
+    match: reorder reconstructions by Hungarian matching first (B > 1).
+
+  Returns:
+    dict with 'mse' (raw, in ``pixel_space``), 'mse_clamped', 'psnr', 'ssim'
+    (clamped [0, 1]), 'finite' (x_rec all finite), 'perm' (list) and
+    'pixel_space'.
+  """
+  if pixel_space != PIXEL_SPACE:
+    raise ValueError(f"clamped metrics need images in {PIXEL_SPACE}; got "
+                     f"pixel_space={pixel_space!r}. Map them back first.")
+  x_rec, x_true = _as4d(x_rec), _as4d(x_true)
+  if x_rec.shape != x_true.shape:
+    raise ValueError(f"x_rec {x_rec.shape} and x_true {x_true.shape} differ.")
+  perm = match_images(x_rec, x_true) if (match and len(x_rec) > 1) else \
+      np.arange(len(x_rec))
+  x_rec = x_rec[perm]
+  return {
+      "mse": float(np.mean(mse_raw(x_rec, x_true))),
+      "mse_clamped": float(np.mean(mse_clamped(x_rec, x_true))),
+      "psnr": float(np.mean(psnr(x_rec, x_true))),
+      "ssim": float(np.mean(ssim(x_rec, x_true))),
+      "finite": bool(np.all(np.isfinite(x_rec))),
+      "perm": [int(i) for i in perm],
+      "pixel_space": pixel_space,
+  }

@@ -1,0 +1,58 @@
+"""Tests of repdef_jax.metrics."""
+
+import numpy as np
+import pytest
+
+from repdef_jax import metrics
+
+
+def _imgs(n=4, seed=0, shape=(16, 16, 3)):
+  return np.random.default_rng(seed).uniform(size=(n, *shape)).astype(
+      np.float32)
+
+
+def test_psnr_ssim_of_identical_images():
+  x = _imgs()
+  assert np.all(np.isinf(metrics.psnr(x, x)))
+  np.testing.assert_allclose(metrics.ssim(x, x), 1.0, atol=1e-5)
+  np.testing.assert_allclose(metrics.psnr(x * 0 + 0.5, x * 0 + 0.6),
+                             20.0, atol=1e-3)  # 10 log10(1 / 0.01)
+
+
+def test_mse_raw_vs_clamped():
+  x = np.zeros((1, 2, 2, 1))
+  rec = np.full((1, 2, 2, 1), 3.0)
+  np.testing.assert_allclose(metrics.mse_raw(rec, x), [9.0])
+  np.testing.assert_allclose(metrics.mse_clamped(rec, x), [1.0])
+  nan = rec.copy()
+  nan[0, 0, 0, 0] = np.nan
+  assert np.isinf(metrics.mse_raw(nan, x)[0])
+  assert np.isfinite(metrics.mse_clamped(nan, x)[0])
+
+
+def test_hungarian_matching_recovers_permutation():
+  x = _imgs(5)
+  perm = np.array([3, 0, 4, 1, 2])
+  rec = x[perm] + 0.01
+  p = metrics.match_images(rec, x)
+  np.testing.assert_array_equal(perm[p], np.arange(5))
+  np.testing.assert_allclose(rec[p] - 0.01, x, atol=1e-6)
+  m = metrics.reconstruction_metrics(rec, x)
+  np.testing.assert_allclose(m["mse"], 1e-4, rtol=1e-3)
+  assert m["pixel_space"] == "[0,1]" and m["finite"]
+
+
+def test_reconstruction_metrics_diverged_and_space():
+  x = _imgs(1)
+  m = metrics.reconstruction_metrics(np.full_like(x, np.inf), x)
+  assert np.isinf(m["mse"]) and not m["finite"]
+  assert np.isfinite(m["mse_clamped"]) and np.isfinite(m["psnr"])
+  with pytest.raises(ValueError, match="pixel_space"):
+    metrics.reconstruction_metrics(x, x, pixel_space="normalized")
+
+
+def test_label_accuracy_and_correlation():
+  assert metrics.label_accuracy([1, 2, 3], [1, 0, 3]) == pytest.approx(2 / 3)
+  r = np.random.default_rng(0).normal(size=50)
+  assert metrics.representation_correlation(2 * r + 1, r) == pytest.approx(1)
+  assert metrics.representation_correlation(-r, r) == pytest.approx(-1)

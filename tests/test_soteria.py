@@ -1,0 +1,271 @@
+"""Tests of the Soteria defense (repdef_jax.defenses.soteria)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from repdef_jax import gradients
+from repdef_jax import models
+from repdef_jax.defenses import base
+from repdef_jax.defenses import soteria as S
+import repdef_jax.defenses as D
+
+
+def _setup(name, shape=(8, 8, 1), b=3, seed=0, **kw):
+  model = models.get_model(name, shape, **kw)
+  params = model.init(jax.random.key(seed))
+  x = jax.random.uniform(jax.random.key(seed + 1), (b, *shape))
+  y = jnp.arange(b) % model.num_classes
+  return model, params, x, y
+
+
+def _naive_scores(model, params, x, eps):
+  """The reference algorithm: one vjp per feature, Python loop."""
+  fn = model.feature_fn(params)
+
+  @jax.jit
+  def one(xi, i):
+    r, vjp = jax.vjp(fn, xi)
+    (g,) = vjp(jax.nn.one_hot(i, r.shape[0], dtype=r.dtype))
+    return jnp.linalg.norm(g) / (r[i] + eps)
+
+  f = jax.eval_shape(fn, x[0]).shape[0]
+  return np.sum([[float(one(xi, i)) for i in range(f)] for xi in x], axis=0)
+
+
+@pytest.mark.parametrize("name,shape,kw", [
+    ("mlp", (6, 6, 1), dict(hidden=(16, 12))),
+    ("leakage", (6, 6, 1), {}),
+    ("lenet", (8, 8, 3), {}),
+])
+@pytest.mark.parametrize("jacobian", ["rev", "fwd"])
+def test_feature_scores_matches_naive_vjp_loop(name, shape, kw, jacobian):
+  model, params, x, _ = _setup(name, shape, b=2, **kw)
+  eps = model.score_eps
+  got = S.feature_scores(model.feature_fn(params), x, eps=eps,
+                         jacobian=jacobian)
+  want = _naive_scores(model, params, x, eps)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=1e-5)
+
+
+def test_exact_score_closed_form_on_linear_map():
+  rng = np.random.default_rng(0)
+  for f_dim, d in [(5, 12), (12, 5)]:  # F < D and F > D (pinv columns).
+    a = rng.normal(size=(f_dim, d)).astype(np.float32)
+    x = rng.normal(size=(3, d)).astype(np.float32)
+    fn = lambda xi: jnp.asarray(a) @ xi
+    got = S.feature_scores(fn, jnp.asarray(x), score="exact")
+    pinv = np.linalg.pinv(a.astype(np.float64))  # [D, F]
+    r = x @ a.T
+    want = -np.sum(np.abs(r) * np.linalg.norm(pinv, axis=0)[None], axis=0)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+
+
+def test_scores_weights_ignore_padding():
+  model, params, x, _ = _setup("mlp", (4, 4, 1), b=4, hidden=(8,))
+  w = jnp.array([1.0, 1.0, 0.0, 0.0])
+  a = S.feature_scores(model.feature_fn(params), x, eps=0.1, weights=w)
+  b = S.feature_scores(model.feature_fn(params), x[:2], eps=0.1)
+  np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_features_fn_not_1d_raises():
+  with pytest.raises(ValueError, match="features_fn"):
+    S.feature_scores(lambda xi: xi, jnp.zeros((2, 3, 3)))
+
+
+@pytest.mark.parametrize("percent", [0, 10, 25, 33.3, 50, 60, 99, 100])
+def test_percentile_mask_equals_numpy_with_ties(percent):
+  rng = np.random.default_rng(1)
+  scores = rng.normal(size=40).astype(np.float32)
+  scores[:15] = 0.0                # ReLU-like ties at 0
+  scores[20:25] = scores[30]       # more ties
+  rng.shuffle(scores)
+  want = (scores >= np.percentile(scores, percent)).astype(np.float32)
+  got = S.mask_from_scores(jnp.asarray(scores), percent)
+  np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_count_mask_exact_count_and_tie_break():
+  scores = jnp.array([0.0, 0.0, 0.0, 1.0, 0.5, 0.0, 2.0, 3.0])
+  for pct in [0, 12.5, 25, 50, 75, 100]:
+    m = S.mask_from_scores(scores, pct, selection="count")
+    assert int(jnp.sum(m == 0)) == round(pct / 100 * 8)
+  m = S.mask_from_scores(scores, 25, selection="count")
+  np.testing.assert_array_equal(m, [0, 0, 1, 1, 1, 1, 1, 1])  # lower index first
+  inactive = jnp.array([True, True, True, False, False, True, False, False])
+  m = S.mask_from_scores(scores, 25, selection="count", inactive=inactive)
+  np.testing.assert_array_equal(m, [1, 1, 1, 1, 0, 1, 1, 1] and
+                                [1, 1, 1, 0, 0, 1, 1, 1])
+  # traced percent works under jit
+  mj = jax.jit(lambda p: S.mask_from_scores(scores, p, selection="count"))(25.0)
+  np.testing.assert_array_equal(mj, S.mask_from_scores(scores, 25,
+                                                       selection="count"))
+
+
+@pytest.mark.parametrize("bad", [-1, 100.5, float("nan"), "x"])
+def test_bad_percent(bad):
+  with pytest.raises(ValueError, match="percent"):
+    S.mask_from_scores(jnp.ones(4), bad)
+  model = models.get_model("mlp", (4, 4, 1), hidden=(8,))
+  with pytest.raises(ValueError, match="percent"):
+    S.soteria(model, bad)
+
+
+def test_bad_choices():
+  model = models.get_model("mlp", (4, 4, 1), hidden=(8,))
+  with pytest.raises(ValueError, match="score"):
+    S.soteria(model, 10, score="foo")
+  with pytest.raises(ValueError, match="selection"):
+    S.soteria(model, 10, selection="foo")
+  with pytest.raises(ValueError, match="q"):
+    S.soteria(model, 10, q=7)
+
+
+def _check_only_rows_zeroed(g0, g1, mask, path=("head",), protect_bias=False):
+  flat0 = jax.tree_util.tree_flatten_with_path(g0)[0]
+  flat1 = jax.tree_util.tree_flatten_with_path(g1)[0]
+  pruned = np.asarray(mask) == 0
+  for (p0, a), (p1, b) in zip(flat0, flat1):
+    keys = tuple(k.key for k in p0)
+    a, b = np.asarray(a), np.asarray(b)
+    if keys == (*path, "kernel"):
+      assert np.all(b[pruned] == 0)
+      assert np.array_equal(b[~pruned], a[~pruned])
+    elif keys == (*path, "bias") and protect_bias:
+      assert np.all(b == 0)
+    else:
+      assert np.array_equal(a, b), keys
+
+
+def test_apply_mask_only_defended_rows():
+  model, params, x, y = _setup("mlp", (4, 4, 1), hidden=(8, 6))
+  g = gradients.batch_grad(model, params, x, y)
+  mask = jnp.array([1, 0, 1, 1, 0, 0])
+  g1 = S.apply_mask(g, mask, model)
+  _check_only_rows_zeroed(g, g1, mask)
+  g2 = S.apply_mask(g, mask, ("head",), protect_bias=True)
+  _check_only_rows_zeroed(g, g2, mask, protect_bias=True)
+  with pytest.raises(ValueError, match="shape"):
+    S.apply_mask(g, jnp.ones(5), model)
+
+
+def test_no_defended_layer_error():
+  tree = {"conv": {"kernel": jnp.ones((3, 3, 1, 2))}}
+  with pytest.raises(ValueError, match="defended linear layer"):
+    S.apply_mask(tree, jnp.ones(2), ("head",))
+  with pytest.raises(ValueError, match="defended linear layer"):
+    S.defended_layer(tree, ("head",))
+
+
+@pytest.mark.parametrize("score,selection", [("reference", "percentile"),
+                                             ("exact", "count")])
+def test_defense_end_to_end_jit_equals_eager(score, selection):
+  model, params, x, y = _setup("leakage", (6, 6, 1), b=3)
+  g = gradients.batch_grad(model, params, x, y)
+  d = S.soteria(model, 40, score=score, selection=selection)
+  batch = base.ClientBatch(params, x, y)
+  g1, info = d(g, batch, jax.random.key(0))
+  g2, info2 = jax.jit(d.apply)(g, batch, jax.random.key(0))
+  for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
+  kernel = np.asarray(g1["head"]["kernel"])
+  zero_rows = np.all(kernel == 0, axis=1)
+  r = model.features(params, x)
+  keep = S.mask_from_scores(
+      S.feature_scores(model.feature_fn(params), x, score=score,
+                       eps=model.score_eps), 40, selection=selection,
+      inactive=~jnp.any(r != 0, axis=0))
+  _check_only_rows_zeroed(g, g1, keep)
+  assert zero_rows.sum() >= (np.asarray(keep) == 0).sum()
+  np.testing.assert_allclose(info["pruned_fraction"],
+                             np.mean(np.asarray(keep) == 0))
+  assert set(info) == {"pruned_fraction", "effective_pruned_fraction",
+                       "pruned_fraction_of_active", "active_fraction"}
+  assert info2["pruned_fraction"] == info["pruned_fraction"]
+
+
+def test_relu_effective_fraction_and_count_selection():
+  model, params, x, y = _setup("mlp", (4, 4, 1), b=2, hidden=(64,))
+  g = gradients.batch_grad(model, params, x, y)
+  batch = base.ClientBatch(params, x, y)
+  r = model.features(params, x)
+  active = np.asarray(jnp.any(r != 0, axis=0))
+  assert 0 < active.mean() < 1  # some dead ReLU features
+  _, info_p = S.soteria(model, 40)(g, batch, jax.random.key(0))
+  _, info_c = S.soteria(model, 40, selection="count")(g, batch,
+                                                       jax.random.key(0))
+  n = round(0.4 * 64)
+  np.testing.assert_allclose(info_c["pruned_fraction"], n / 64)
+  np.testing.assert_allclose(info_c["effective_pruned_fraction"],
+                             min(n, active.sum()) / 64)
+  assert info_p["effective_pruned_fraction"] <= info_p["pruned_fraction"]
+  assert info_c["effective_pruned_fraction"] >= info_p[
+      "effective_pruned_fraction"]
+
+
+def test_padding_mask_changes_nothing():
+  model, params, x, y = _setup("mlp", (4, 4, 1), b=4, hidden=(16,))
+  xp = x.at[2:].set(jax.random.uniform(jax.random.key(9), x[2:].shape))
+  mask = jnp.array([1, 1, 0, 0])
+  d = S.soteria(model, 50, selection="count")
+  g = gradients.batch_grad(model, params, x[:2], y[:2])
+  g_a, info_a = d(g, base.ClientBatch(params, x[:2], y[:2]), jax.random.key(0))
+  g_b, info_b = d(g, base.ClientBatch(params, xp, y, mask), jax.random.key(0))
+  for a, b in zip(jax.tree_util.tree_leaves(g_a), jax.tree_util.tree_leaves(g_b)):
+    np.testing.assert_array_equal(a, b)
+  for k in info_a:
+    np.testing.assert_allclose(info_a[k], info_b[k])
+
+
+def test_vmap_over_clients_each_own_mask():
+  model, params, _, _ = _setup("mlp", (4, 4, 1), hidden=(16,))
+  c, b = 3, 2
+  xs = jax.random.uniform(jax.random.key(5), (c, b, 4, 4, 1))
+  ys = jnp.zeros((c, b), jnp.int32)
+  grads = jax.vmap(lambda x, y: gradients.batch_grad(model, params, x, y))(
+      xs, ys)
+  d = S.soteria(model, 50, selection="count")
+  out, info = jax.jit(jax.vmap(
+      lambda g, x, y: d(g, base.ClientBatch(params, x, y), jax.random.key(0))))(
+          grads, xs, ys)
+  masks = []
+  for i in range(c):
+    g_i = jax.tree_util.tree_map(lambda t: t[i], grads)
+    o_i, info_i = d(g_i, base.ClientBatch(params, xs[i], ys[i]),
+                    jax.random.key(0))
+    for a, bb in zip(jax.tree_util.tree_leaves(o_i),
+                     jax.tree_util.tree_leaves(
+                         jax.tree_util.tree_map(lambda t: t[i], out))):
+      np.testing.assert_allclose(a, bb, rtol=1e-6, atol=1e-7)
+    masks.append(np.all(np.asarray(o_i["head"]["kernel"]) == 0, axis=1))
+  assert not all(np.array_equal(masks[0], m) for m in masks[1:])
+
+
+def test_chain_soteria_then_noise():
+  model, params, x, y = _setup("mlp", (4, 4, 1), hidden=(16,))
+  g = gradients.batch_grad(model, params, x, y)
+  batch = base.ClientBatch(params, x, y)
+  d = base.chain(S.soteria(model, 50, selection="count"), D.dp_gaussian(0.0))
+  out, info = d(g, batch, jax.random.key(0))
+  ref, _ = S.soteria(model, 50, selection="count")(g, batch, jax.random.key(0))
+  for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+    np.testing.assert_array_equal(a, b)
+  assert "0_soteria/pruned_fraction" in info
+  assert "1_dp_gaussian/noise_scale" in info
+
+
+def test_get_defense_registry():
+  model = models.get_model("mlp", (4, 4, 1), hidden=(8,))
+  for name in D.DEFENSE_NAMES:
+    d = D.get_defense(name, 10 if name != "dp_sgd" else 1.0, model=model)
+    assert isinstance(d, base.Defense)
+  with pytest.raises(ValueError, match="valid names.*soteria"):
+    D.get_defense("nope", 1)
+  with pytest.raises(ValueError, match="model"):
+    D.get_defense("soteria", 10)
+  odd = models.get_model("mlp", (4, 4, 1), hidden=(8,))
+  odd = odd.__class__(**{**odd.__dict__, "defended_path": ("nohead",)})
+  with pytest.raises(ValueError, match="defended linear layer"):
+    D.get_defense("soteria", 10, model=odd)
