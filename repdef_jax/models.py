@@ -35,8 +35,8 @@ Models (paper appendix B and the reference code):
 
 Convolutions come in two formulations with the same parameters (``kernel``
 ``[kh, kw, cin, cout]``, ``bias`` ``[cout]``): ``conv_impl='xla'`` calls XLA's
-convolution, ``conv_impl='patches'`` extracts image patches and does one matrix
-multiply, and ``conv_impl='s2d'`` rewrites a strided convolution as a stride-1
+convolution, ``conv_impl='patches'`` gathers image patches with k*k strided
+slices and does one matrix multiply, and ``conv_impl='s2d'`` rewrites a strided convolution as a stride-1
 convolution on space-to-depth input. 'patches' is faster when per-client
 weight gradients are batched by ``vmap`` (XLA turns those into slow grouped
 convolutions on CPU); 's2d' is faster for the Jacobians of the Soteria score,
@@ -102,16 +102,30 @@ class Conv2D(nn.Module):
       y = jax.lax.conv_general_dilated(
           x, kernel, strides, pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
     elif self.impl == "patches":
-      # Patch features are ordered (cin, kh, kw), channel-major.
-      patches = jax.lax.conv_general_dilated_patches(
-          x, (k, k), strides, pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
-      w = jnp.transpose(kernel, (2, 0, 1, 3)).reshape(cin * k * k, self.features)
-      y = patches @ w
+      patches = _patches(x, k, self.strides, self.padding)
+      y = patches @ kernel.reshape(k * k * cin, self.features)
     elif self.impl == "s2d":
       y = _space_to_depth_conv(x, kernel, self.strides, self.padding)
     else:
       raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.impl!r}")
     return y + bias
+
+
+def _patches(x, k, stride, padding):
+  """im2col by k*k strided slices: ``[B, H, W, C] -> [B, Ho, Wo, k*k*C]``.
+
+  Features are ordered (kh, kw, cin), matching ``kernel.reshape(-1, cout)``
+  of an HWIO kernel. This is pure data movement (its gradient is pads and
+  adds), unlike ``lax.conv_general_dilated_patches``, which is itself a
+  convolution with a one-hot kernel and k*k*C times the work of the real one.
+  """
+  x = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+  _, h, w, _ = x.shape
+  ho, wo = (h - k) // stride + 1, (w - k) // stride + 1
+  cols = [x[:, i:i + stride * (ho - 1) + 1:stride,
+            j:j + stride * (wo - 1) + 1:stride, :]
+          for i in range(k) for j in range(k)]
+  return jnp.concatenate(cols, axis=-1)
 
 
 def _space_to_depth_conv(x, kernel, stride, padding):
@@ -342,6 +356,14 @@ class Model:
     params = jax.eval_shape(self.init, jax.random.key(0))
     return defended_params(self, params)["kernel"].shape[0]
 
+  def with_conv_impl(self, conv_impl: str) -> "Model":
+    """The same model (same parameters) with another conv formulation."""
+    if conv_impl not in CONV_IMPLS:
+      raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got "
+                       f"{conv_impl!r}.")
+    return dataclasses.replace(self, module=self.module.clone(
+        conv_impl=conv_impl))
+
   def init(self, rng: jax.Array) -> Params:
     """Initial parameters (the ``'params'`` collection)."""
     x = jnp.zeros((1, *self.input_shape), jnp.float32)
@@ -404,7 +426,7 @@ def get_model(name: str,
     num_classes: number of classes.
     init: 'default' (flax initialisers) or 'uniform' (U(-0.5, 0.5) on every
       weight and bias, as DLG).
-    conv_impl: 'xla' or 'patches' (see module docstring).
+    conv_impl: 'xla', 'patches' or 's2d' (see module docstring).
     **kwargs: extra module attributes (e.g. ``width`` for convnet64,
       ``hidden`` for mlp / lenet5).
 

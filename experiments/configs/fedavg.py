@@ -1,0 +1,41 @@
+"""FedAvg on the paper's non-IID MNIST split (Sun et al. 2021, Section 5).
+
+100 devices x 2 classes x 100 samples, 10 devices sampled per round with
+replacement (p_k = n_k / n), uniform averaging, 200 rounds, logistic
+regression, 5 local steps of batch 10. Run from the repository root:
+
+  python -m experiments.fedavg --config=experiments/configs/fedavg.py \
+      --workdir=/tmp/fedavg_mnist --data_dir=/work/shared/tfds
+
+With the Soteria defense at every local step (80 % of the head's inputs
+pruned):
+
+  python -m experiments.fedavg --config=experiments/configs/fedavg.py \
+      --workdir=/tmp/fedavg_mnist_soteria --data_dir=/work/shared/tfds \
+      --config.defense=soteria --config.defense_strength=80
+
+Killed and restarted with the same command it resumes from the last
+checkpoint and ends exactly as an uninterrupted run. Expected: test accuracy
+around 0.85-0.9 after 200 rounds (logreg on non-IID MNIST).
+"""
+
+from repdef_jax import training
+
+
+def get_config():
+  """The paper's MNIST setting (see module docstring)."""
+  config = training.default_config()
+  config.dataset = "mnist"
+  config.model = "logreg"
+  config.partition = "noniid"
+  config.num_clients = 100
+  config.classes_per_client = 2
+  config.samples_per_class = 100
+  config.rounds = 200
+  config.clients_per_round = 10
+  config.local_steps = 5
+  config.batch_size = 10
+  config.client_lr = 0.05
+  config.l2 = 1e-4
+  config.checkpoint_every = 10
+  return config

@@ -1,0 +1,190 @@
+"""Adaptive attacks against Soteria: where the defense holds and where not.
+
+Beyond the paper. Soteria perturbs one layer and its pruned rows are visible
+(NOTES.md, section 1). Two adaptive attacks from later work
+(:mod:`repdef_jax.attacks`):
+
+* ``<family>_drop``: the defended layer left out of the objective (Balunovic
+  et al., "Bayesian Framework for Gradient Leakage", ICLR 2022);
+* ``<family>_mask``: the all-zero rows of the shared defended kernel applied
+  to the trial gradient too (GGL, Li et al., CVPR 2022);
+
+are run next to the plain attack on Soteria-defended one-image gradients at
+several pruning rates, at two training stages ('init': the initial global
+model; 'trained': the global model after ``train.rounds`` rounds of
+undefended FedAvg via :func:`repdef_jax.training.train_and_evaluate`), and
+for three Soteria variants: the reference rule (``score='reference'``,
+``selection='percentile'``), ``selection='count'`` (exactly the nominal
+fraction pruned, inactive features last) and ``score='exact'`` (the paper's
+``||r_i dX/dr_i||`` through the Jacobian's pseudo-inverse).
+
+Verdict per cell: the defense **holds** against an attack when the mean SSIM
+of its reconstructions (clamped [0, 1] images) is at most
+``unrecognisable_threshold`` (and the undefended attack at that stage
+exceeded it, i.e. the attack works at all); it **fails** otherwise. Writes
+``adaptive.json`` and ``adaptive.png``; each cell is resumable.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from repdef_jax import data as data_lib
+from repdef_jax import defenses as defenses_lib
+from repdef_jax import evaluation
+from repdef_jax import fedavg
+from repdef_jax import io as io_lib
+from repdef_jax import models as models_lib
+from repdef_jax import training
+
+RESULT_FILE = "adaptive.json"
+PLOT_FILE = "adaptive.png"
+VARIANTS = {
+    "reference": {},
+    "count": {"selection": "count"},
+    "exact": {"score": "exact"},
+}
+
+
+def stage_params(config: ml_collections.ConfigDict, model: models_lib.Model,
+                 stage: str, workdir: str) -> Any:
+  """Global parameters at a training stage ('init' or 'trained')."""
+  if stage == "init":
+    return model.init(fedavg.key_streams(config.seed).init)
+  if stage != "trained":
+    raise ValueError(f"unknown stage {stage!r}; use 'init' or 'trained'.")
+  c = training.default_config()
+  c.update(config.train.to_dict())
+  c.dataset = config.dataset
+  c.model = config.model
+  c.model_init = config.model_init
+  c.defense = "none"
+  c.seed = config.seed
+  c.data_dir = config.data_dir
+  c.plot = False
+  return training.train_and_evaluate(c, os.path.join(workdir, "train"))[
+      "state"].params
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs every (stage, variant, rate, attack) cell; writes JSON and plot."""
+  start = time.perf_counter()
+  os.makedirs(workdir, exist_ok=True)
+  store = evaluation.CellStore(os.path.join(workdir, "cells"))
+  info = data_lib.get_info(config.dataset)
+  model = models_lib.get_model(config.model, info.image_shape,
+                               info.num_classes, init=config.model_init)
+  images, labels = data_lib.load(config.dataset, "test",
+                                 config.data_dir or None,
+                                 max_examples=config.num_images)
+  images = data_lib.to_float(np.asarray(images))
+  labels = np.asarray(labels, np.int32)
+  root = jax.random.key(config.seed)
+  attacks = [a for fam in config.families
+             for a in (fam, f"{fam}_drop", f"{fam}_mask")]
+  cells_spec = []
+  for stage in config.stages:
+    for fam in config.families:
+      cells_spec.append((stage, "none", 0.0, fam))
+    for variant in config.variants:
+      for rate in config.rates:
+        for attack in attacks:
+          cells_spec.append((stage, variant, float(rate), attack))
+  progress = evaluation.Progress(len(cells_spec), "adaptive")
+  params_by_stage = {}
+  rows = []
+  for stage, variant, rate, attack in cells_spec:
+    if stage not in params_by_stage:
+      params_by_stage[stage] = stage_params(config, model, stage, workdir)
+    params = params_by_stage[stage]
+
+    def fn(stage=stage, variant=variant, rate=rate, attack=attack):
+      if variant == "none":
+        d = defenses_lib.get_defense("none")
+      else:
+        d = defenses_lib.get_defense("soteria", rate, model=model,
+                                     **VARIANTS[variant])
+      per_image = []
+      for i in range(len(images)):
+        m, _, _ = evaluation.defend_and_attack(
+            model, params, d, images[i:i + 1], labels[i:i + 1], attack,
+            jax.random.fold_in(root, 1000 + i),
+            jax.random.fold_in(root, 2000 + i),
+            iterations=config.attack_iterations.get(attack.split("_")[0])
+            or None, restarts=config.restarts or None,
+            give_labels=config.give_labels)
+        per_image.append(m)
+      out = {"stage": stage, "variant": variant, "rate": rate,
+             "attack": attack, "images": per_image}
+      for k in ("mse", "mse_clamped", "ssim", "psnr"):
+        out[k] = evaluation._finite_or_str(  # pylint: disable=protected-access
+            np.mean([float(m[k]) for m in per_image]))
+      for k in per_image[0]:
+        if k.startswith("defense/"):
+          out[k] = float(np.mean([m[k] for m in per_image]))
+      return out
+
+    rows.append(store.get_or_run(
+        evaluation.cell_name(stage, variant, rate, attack), fn, progress))
+  thr = config.unrecognisable_threshold
+  works = {(r["stage"], r["attack"]): r["ssim"] > thr
+           for r in rows if r["variant"] == "none"}
+  for r in rows:
+    if r["variant"] == "none":
+      r["verdict"] = "undefended: attack " + (
+          "works" if r["ssim"] > thr else "fails")
+    else:
+      fam = r["attack"].split("_")[0]
+      if not works.get((r["stage"], fam), True):
+        r["verdict"] = "n/a (attack fails even undefended)"
+      else:
+        r["verdict"] = "holds" if r["ssim"] <= thr else "fails"
+  result = {"experiment": "adaptive", "config": config.to_dict(),
+            "pixel_space": "[0,1]",
+            "verdict_rule": f"holds when mean SSIM <= {thr}",
+            "cells": [{k: v for k, v in r.items() if k != "images"}
+                      for r in rows],
+            "seconds": time.perf_counter() - start}
+  io_lib.write_json(os.path.join(workdir, RESULT_FILE), result)
+  plot(result, os.path.join(workdir, PLOT_FILE))
+  return result
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+  """SSIM vs pruning rate: one panel per (stage, variant), line per attack."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  cfg = result["config"]
+  stages, variants = list(cfg["stages"]), list(cfg["variants"])
+  fig, axes = plt.subplots(len(stages), len(variants),
+                           figsize=(3.4 * len(variants), 2.8 * len(stages)),
+                           squeeze=False)
+  cells = result["cells"]
+  for i, stage in enumerate(stages):
+    for j, variant in enumerate(variants):
+      ax = axes[i, j]
+      for attack in sorted({c["attack"] for c in cells
+                            if c["variant"] == variant}):
+        pts = sorted((c["rate"], c["ssim"]) for c in cells
+                     if c["stage"] == stage and c["variant"] == variant
+                     and c["attack"] == attack)
+        base = [c["ssim"] for c in cells if c["stage"] == stage and
+                c["variant"] == "none" and c["attack"] == attack]
+        pts = [(0.0, base[0])] + pts if base else pts
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3,
+                label=attack)
+      ax.axhline(cfg["unrecognisable_threshold"], color="gray", ls=":")
+      ax.set_title(f"{stage}, {variant}", fontsize=8)
+      ax.set_xlabel("pruning rate (%)")
+      ax.set_ylabel("SSIM")
+      ax.legend(fontsize=6)
+  fig.tight_layout()
+  io_lib.save_figure(fig, path, dpi=100)
+  plt.close(fig)

@@ -1,0 +1,386 @@
+"""Shared machinery of the paper-reproduction experiments.
+
+Small host-side pieces the experiment scripts (``experiments/tradeoff.py``,
+``visual.py``, ``certified.py``, ``adaptive.py``) and the Colab notebooks
+share, so that none of them re-implements another:
+
+* :func:`attack_gradient`: run a registered attack
+  (:mod:`repdef_jax.attacks`) on one shared gradient and measure the
+  reconstruction with :mod:`repdef_jax.metrics` (raw MSE in the model's input
+  space, which is [0, 1] for every model here, plus clamped MSE, PSNR, SSIM).
+* :func:`defend_and_attack`: a client's gradient of a batch, the defense
+  applied to it (:mod:`repdef_jax.defenses`), then :func:`attack_gradient`.
+* :func:`attack_overrides`: a short-run override of an attack's iteration
+  count that works for DLG- and GS-type attacks alike.
+* :class:`CellStore`: a folder of result cells, one JSON file per cell,
+  written atomically (:func:`repdef_jax.io.write_json`) and skipped when it
+  exists, so an interrupted sweep resumes where it stopped.
+* :class:`Progress`: one-line progress with elapsed time and ETA.
+* :func:`load_images`: real images from TFDS when a data directory is known,
+  else deterministic synthetic ones (for notebooks and CI without data).
+* :func:`save_image_grid`: a labelled grid of images as a PNG.
+
+Everything device-side is delegated to jitted library functions; the loops
+here run over sweep cells on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from repdef_jax import attacks as attacks_lib
+from repdef_jax import data as data_lib
+from repdef_jax import defenses as defenses_lib
+from repdef_jax import gradients
+from repdef_jax import io as io_lib
+from repdef_jax import metrics as metrics_lib
+from repdef_jax import models as models_lib
+
+Params = Any
+
+
+# --------------------------------------------------------------------------
+# Attacks on shared gradients.
+
+
+def attack_overrides(attack: attacks_lib.Attack,
+                     iterations: int | None = None,
+                     restarts: int | None = None) -> dict[str, int]:
+  """Config overrides that shorten an attack.
+
+  Args:
+    attack: a registered attack.
+    iterations: DLG-type: outer L-BFGS steps (each up to ``inner_steps``
+      iterations); GS-type: Adam iterations. None keeps the default.
+    restarts: GS-type only: parallel restarts. None keeps the default.
+
+  Returns:
+    Keyword overrides for ``attack(...)``.
+  """
+  out = {}
+  if attack.config_cls is attacks_lib.DLGConfig:
+    if iterations:
+      out["outer_steps"] = int(iterations)
+  else:
+    if iterations:
+      out["iterations"] = int(iterations)
+    if restarts:
+      out["restarts"] = int(restarts)
+  return out
+
+
+def _finite_or_str(v: float) -> float | str:
+  v = float(v)
+  return v if math.isfinite(v) else str(v)
+
+
+def attack_gradient(model: models_lib.Model, params: Params, shared: Params,
+                    x_true: Any, labels: Any, attack_name: str,
+                    key: jax.Array, *, iterations: int | None = None,
+                    restarts: int | None = None,
+                    give_labels: bool = False) -> tuple[dict, np.ndarray]:
+  """Runs one attack on a shared gradient and measures the reconstruction.
+
+  Args:
+    model: the attacked model.
+    params: the parameters the gradient was computed at.
+    shared: the (possibly defended) gradient the server received.
+    x_true: the client's images ``[B, H, W, C]`` in [0, 1] (the model's input
+      space), used only to score the reconstruction.
+    labels: the true labels ``[B]`` (scored; passed to the attack only when
+      ``give_labels``).
+    attack_name: a name in :data:`repdef_jax.attacks.ATTACK_NAMES`.
+    key: the attack's PRNG key.
+    iterations: see :func:`attack_overrides`.
+    restarts: see :func:`attack_overrides`.
+    give_labels: hand the true labels to the attack (else it learns or
+      infers them, as registered).
+
+  Returns:
+    ``(metrics, x_rec)``: metrics with ``mse`` (raw, unclamped, [0,1]
+    space), ``mse_clamped``, ``psnr``, ``ssim``, ``finite``, ``diverged``,
+    ``label_accuracy``, ``final_loss``, ``iterations``, ``seconds``,
+    ``pixel_space`` and ``input_distance`` (mean ``||X - X'||_2`` per image
+    after Hungarian matching); ``x_rec`` matched to ``x_true``'s order.
+  """
+  attack = attacks_lib.get_attack(attack_name)
+  x_true = np.asarray(x_true, np.float32)
+  labels = np.asarray(labels, np.int32)
+  start = time.perf_counter()
+  res = attacks_lib.to_host(attack(
+      model, params, shared, x_true.shape[0], key,
+      labels=jnp.asarray(labels) if give_labels else None,
+      **attack_overrides(attack, iterations, restarts)))
+  seconds = time.perf_counter() - start
+  m = metrics_lib.reconstruction_metrics(res.x_rec, x_true)
+  x_rec = np.asarray(res.x_rec)[m["perm"]]
+  with np.errstate(over="ignore", invalid="ignore"):
+    dist = np.sqrt(np.sum((x_rec.astype(np.float64) - x_true) ** 2,
+                          axis=(1, 2, 3)))
+  out = {
+      "mse": _finite_or_str(m["mse"]),
+      "mse_clamped": m["mse_clamped"],
+      "psnr": _finite_or_str(m["psnr"]),
+      "ssim": m["ssim"],
+      "finite": m["finite"],
+      "diverged": bool(res.diverged or not m["finite"]),
+      "label_accuracy": metrics_lib.label_accuracy(
+          np.asarray(res.labels_rec)[m["perm"]], labels),
+      "final_loss": _finite_or_str(res.final_loss),
+      "iterations": int(res.iterations),
+      "seconds": seconds,
+      "input_distance": _finite_or_str(np.mean(dist)),
+      "pixel_space": m["pixel_space"],
+  }
+  return out, x_rec
+
+
+def defend_and_attack(model: models_lib.Model, params: Params,
+                      defense: defenses_lib.Defense, x: Any, y: Any,
+                      attack_name: str, key_attack: jax.Array,
+                      key_defense: jax.Array, **attack_kwargs
+                      ) -> tuple[dict, np.ndarray, Params]:
+  """A client's batch gradient, defended, then attacked.
+
+  Args:
+    model: the model.
+    params: the parameters the client computes its gradient at.
+    defense: the defense applied to the gradient before it is shared.
+    x: the client's images ``[B, H, W, C]`` in [0, 1].
+    y: labels ``[B]``.
+    attack_name: registered attack name.
+    key_attack: attack key (use the same one across defenses so that every
+      attack starts from the same dummy).
+    key_defense: defense key.
+    **attack_kwargs: forwarded to :func:`attack_gradient`.
+
+  Returns:
+    ``(metrics, x_rec, shared)``; metrics also hold the defense's info
+    (prefixed ``defense/``).
+  """
+  x = jnp.asarray(x, jnp.float32)
+  y = jnp.asarray(y, jnp.int32)
+  grads = gradients.batch_grad(model, params, x, y)
+  shared, info = defense.apply(grads, defenses_lib.ClientBatch(params, x, y),
+                               key_defense)
+  m, x_rec = attack_gradient(model, params, shared, x, y, attack_name,
+                             key_attack, **attack_kwargs)
+  for k, v in info.items():
+    m[f"defense/{k}"] = float(v)
+  return m, x_rec, shared
+
+
+# --------------------------------------------------------------------------
+# Resumable cells and progress.
+
+
+def cell_name(*parts: Any) -> str:
+  """A file-system-safe cell name from its coordinates, e.g. 'soteria_60'."""
+  text = "_".join(f"{p:g}" if isinstance(p, float) else str(p) for p in parts)
+  return re.sub(r"[^A-Za-z0-9_.+-]+", "-", text)
+
+
+@dataclasses.dataclass
+class CellStore:
+  """One JSON file per finished cell under ``folder``.
+
+  A cell is written atomically when done; :meth:`get_or_run` skips cells
+  whose file exists, so a sweep killed at any moment resumes without redoing
+  finished work.
+
+  Attributes:
+    folder: where the cell files live (created on demand).
+  """
+
+  folder: str
+
+  def path(self, name: str) -> str:
+    return os.path.join(self.folder, f"{name}.json")
+
+  def get(self, name: str) -> dict | None:
+    return io_lib.read_json(self.path(name))
+
+  def put(self, name: str, value: dict) -> None:
+    io_lib.write_json(self.path(name), value)
+
+  def get_or_run(self, name: str, fn: Callable[[], dict],
+                 progress: "Progress | None" = None) -> dict:
+    """The stored cell ``name``, or ``fn()`` run, stored and returned."""
+    cached = self.get(name)
+    if cached is not None:
+      if progress is not None:
+        progress.step(name, skipped=True)
+      return cached
+    start = time.perf_counter()
+    value = fn()
+    value = {**value, "cell_seconds": time.perf_counter() - start}
+    self.put(name, value)
+    if progress is not None:
+      progress.step(name)
+    return value
+
+
+class Progress:
+  """Prints ``[label] i/n name (elapsed, ETA)`` after each unit of work.
+
+  The ETA averages the wall time of the units computed in this process
+  (skipped, already-finished units count as done but take no time).
+  """
+
+  def __init__(self, total: int, label: str = "", stream=None):
+    self.total = max(int(total), 1)
+    self.label = label
+    self.done = 0
+    self.computed = 0
+    self.start = time.perf_counter()
+    self.stream = stream or sys.stdout
+
+  def step(self, name: str = "", skipped: bool = False) -> None:
+    self.done += 1
+    if not skipped:
+      self.computed += 1
+    elapsed = time.perf_counter() - self.start
+    left = self.total - self.done
+    if self.computed:
+      eta = f"ETA {elapsed / self.computed * left:.0f}s"
+    else:
+      eta = "ETA ?"
+    tag = " (reused)" if skipped else ""
+    print(f"[{self.label}] {self.done}/{self.total} {name}{tag} "
+          f"elapsed {elapsed:.0f}s {eta}", file=self.stream, flush=True)
+
+
+# --------------------------------------------------------------------------
+# Images: real when available, synthetic otherwise.
+
+
+def synthetic_images(dataset: str, n: int, seed: int = 0
+                     ) -> tuple[np.ndarray, np.ndarray]:
+  """Deterministic smooth random images with the dataset's shape, in [0, 1].
+
+  Blobs of colour on a gradient background (so that TV-regularised attacks
+  and SSIM behave as on natural images, unlike white noise).
+
+  Args:
+    dataset: a name in :data:`repdef_jax.data.DATASETS` (gives the shape).
+    n: number of images.
+    seed: NumPy seed.
+
+  Returns:
+    ``(images float32 [n, H, W, C] in [0, 1], labels int32 [n])``.
+  """
+  info = data_lib.get_info(dataset)
+  h, w, c = info.image_shape
+  rng = np.random.default_rng(seed)
+  yy, xx = np.mgrid[0:h, 0:w] / max(h, w)
+  out = np.empty((n, h, w, c), np.float32)
+  for i in range(n):
+    img = rng.uniform(0.2, 0.6, c) * (0.5 + 0.5 * xx[..., None])
+    for _ in range(3):
+      cy, cx, r = rng.uniform(0.2, 0.8), rng.uniform(0.2, 0.8), rng.uniform(
+          0.1, 0.3)
+      blob = np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))
+      img = img + blob[..., None] * rng.uniform(-0.5, 0.5, c)
+    out[i] = np.clip(img, 0.0, 1.0)
+  labels = rng.integers(0, info.num_classes, n).astype(np.int32)
+  return out, labels
+
+
+def load_images(dataset: str, n: int, *, split: str = "test",
+                data_dir: str | None = None, seed: int = 0,
+                allow_synthetic: bool = True
+                ) -> tuple[np.ndarray, np.ndarray, str]:
+  """``n`` images in [0, 1]: real from TFDS if possible, else synthetic.
+
+  Real data is used when ``data_dir`` is given or ``TFDS_DATA_DIR`` is set
+  (and the split can be read there); otherwise, and when
+  ``allow_synthetic``, :func:`synthetic_images`.
+
+  Args:
+    dataset: dataset name.
+    n: number of images (the first ``n`` records of the split).
+    split: TFDS split.
+    data_dir: TFDS data folder (else ``TFDS_DATA_DIR``).
+    seed: seed of the synthetic images.
+    allow_synthetic: fall back to synthetic images instead of raising.
+
+  Returns:
+    ``(images float32 [n, H, W, C], labels int32 [n], source)`` with
+    source 'tfds' or 'synthetic'.
+
+  Raises:
+    repdef_jax.data.DataNotFoundError: no data and ``allow_synthetic`` is
+      False.
+  """
+  data_dir = data_dir or os.environ.get("TFDS_DATA_DIR") or None
+  if data_dir is not None:
+    try:
+      images, labels = data_lib.load(dataset, split, data_dir,
+                                     max_examples=n)
+      if len(images) >= n:
+        return (data_lib.to_float(np.asarray(images[:n])),
+                np.asarray(labels[:n], np.int32), "tfds")
+    except data_lib.DataNotFoundError:
+      if not allow_synthetic:
+        raise
+  if not allow_synthetic:
+    raise data_lib.DataNotFoundError(
+        f"no TFDS data for {dataset!r}: set TFDS_DATA_DIR or pass data_dir.")
+  images, labels = synthetic_images(dataset, n, seed)
+  return images, labels, "synthetic"
+
+
+def save_image_grid(path: str, rows: Sequence[Sequence[np.ndarray]],
+                    row_labels: Sequence[str],
+                    titles: Sequence[Sequence[str]] | None = None,
+                    suptitle: str | None = None) -> None:
+  """Saves a grid of images (clamped to [0, 1]) as a PNG, atomically.
+
+  Args:
+    path: output file.
+    rows: ``rows[r][c]`` an image ``[H, W, C]``.
+    row_labels: one label per row (left).
+    titles: optional per-image titles (e.g. metrics).
+    suptitle: optional figure title.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  n_rows = len(rows)
+  n_cols = max(len(r) for r in rows)
+  fig, axes = plt.subplots(n_rows, n_cols,
+                           figsize=(1.5 * n_cols + 1.4, 1.5 * n_rows + 0.4),
+                           squeeze=False)
+  for r, row in enumerate(rows):
+    for c in range(n_cols):
+      ax = axes[r, c]
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if c >= len(row):
+        ax.axis("off")
+        continue
+      img = np.clip(np.nan_to_num(np.asarray(row[c], np.float64), nan=0.5,
+                                  posinf=1.0, neginf=0.0), 0, 1)
+      if img.shape[-1] == 1:
+        ax.imshow(img[..., 0], cmap="gray", vmin=0, vmax=1)
+      else:
+        ax.imshow(img)
+      if titles is not None and titles[r] and c < len(titles[r]):
+        ax.set_title(titles[r][c], fontsize=6)
+      if c == 0:
+        ax.set_ylabel(row_labels[r], fontsize=7)
+  if suptitle:
+    fig.suptitle(suptitle, fontsize=8)
+  fig.tight_layout()
+  io_lib.save_figure(fig, path, dpi=90)
+  plt.close(fig)

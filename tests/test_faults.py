@@ -1,0 +1,326 @@
+"""Faults: killed runs resume without loss; divergence is detected and recorded.
+
+A kill is simulated by making a file-system call (``os.replace`` or the JSON
+write) raise in the middle of a run; the same command is then run again and
+compared with an uninterrupted run. After every kill the result file must
+parse, hold only finished items, and no temporary file may remain.
+
+Covered: the main job (``experiments.attack.run``) and FedAvg training
+(``repdef_jax.training.train_and_evaluate``). Known gaps (documented in the
+``xfail`` reasons): FedAvg has no NaN detection yet, and the main job stops
+at an attack that raises instead of recording it and going on.
+"""
+
+import json
+import os
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from repdef_jax import data
+from repdef_jax import training
+
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+from experiments import attack as attack_main  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+class Killed(BaseException):
+  """Stands for SIGKILL: not an Exception, so no handler swallows it."""
+
+
+@pytest.fixture()
+def mock_env(tmp_path, monkeypatch):
+  monkeypatch.setenv("REPDEF_JAX_CACHE", str(tmp_path / "cache"))
+  data.clear_cache()
+  with tfds.testing.mock_data(num_examples=120):
+    yield tmp_path
+  data.clear_cache()
+
+
+def _temp_files(folder):
+  return [f for f in os.listdir(folder)
+          if f.endswith(".tmp") or f.startswith(".tmp") or ".tmp." in f]
+
+
+# --------------------------------------------------------------------------
+# Main job.
+
+MAIN = {"dataset": "mnist", "model": "logreg", "attack": "gs",
+        "defense": "soteria", "strength": 60.0, "num_images": 3,
+        "iterations": 2, "seed": 0}
+
+
+def _no_seconds(images):
+  return [{**e, **{p: {k: v for k, v in e[p].items() if k != "seconds"}
+                   for p in ("undefended", "defended")}} for e in images]
+
+
+def _read(workdir):
+  with open(os.path.join(workdir, "results.json")) as f:
+    return json.load(f)
+
+
+@pytest.mark.parametrize("kill_at", ["replace", "json_dump"])
+def test_main_job_killed_at_every_write_resumes_without_loss(
+    mock_env, monkeypatch, kill_at):
+  reference = attack_main.run(MAIN, str(mock_env / "ref"), verbose=False)
+  workdir = str(mock_env / "run")
+  real_replace, real_dump = os.replace, json.dump
+  # Kill at the 1st write, restart and kill at the restart's 2nd write, then
+  # finish: a kill before the first result file and one between images.
+  for kill_index in (1, 2):
+    calls = []
+
+    def dying_replace(src, dst, calls=calls, kill_index=kill_index):
+      calls.append(dst)
+      if len(calls) == kill_index:
+        raise Killed()
+      return real_replace(src, dst)
+
+    def dying_dump(obj, f, calls=calls, kill_index=kill_index, **kw):
+      calls.append(f)
+      if len(calls) == kill_index:
+        f.write(json.dumps(obj)[:20])  # A torn temporary file.
+        raise Killed()
+      return real_dump(obj, f, **kw)
+
+    if kill_at == "replace":
+      monkeypatch.setattr(attack_main.os, "replace", dying_replace)
+    else:
+      monkeypatch.setattr(attack_main.json, "dump", dying_dump)
+    before = (_read(workdir)["images"]
+              if os.path.exists(os.path.join(workdir, "results.json")) else [])
+    with pytest.raises(Killed):
+      attack_main.run(MAIN, workdir, verbose=False)
+    monkeypatch.setattr(attack_main.os, "replace", real_replace)
+    monkeypatch.setattr(attack_main.json, "dump", real_dump)
+    # Nothing half-written, nothing finished lost, no temporary file left:
+    # the run finished kill_index - 1 more images, then died mid-write.
+    assert not _temp_files(workdir)
+    path = os.path.join(workdir, "results.json")
+    after = _read(workdir)["images"] if os.path.exists(path) else []
+    assert after[:len(before)] == before  # Finished entries kept as they were.
+    assert len(after) == len(before) + kill_index - 1
+  final = attack_main.run(MAIN, workdir, verbose=False)
+  assert not _temp_files(workdir)
+  assert _no_seconds(final["images"]) == _no_seconds(reference["images"])
+  assert _read(workdir) == json.loads(json.dumps(final))
+
+
+def test_main_job_resume_keeps_finished_images_untouched(mock_env,
+                                                         monkeypatch):
+  workdir = str(mock_env / "run")
+  first = attack_main.run({**MAIN, "num_images": 3}, workdir, verbose=False)
+  calls = []
+  real = attack_main.attack_image
+
+  def counting(*args, **kwargs):
+    calls.append(1)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(attack_main, "attack_image", counting)
+  again = attack_main.run({**MAIN, "num_images": 3}, workdir, verbose=False)
+  assert not calls  # Nothing recomputed.
+  assert again["images"] == first["images"]  # Including 'seconds'.
+
+
+def test_main_job_records_diverged_attack_and_goes_on(mock_env, monkeypatch):
+  """A diverging DLG: every image recorded diverged=True, run completes."""
+  monkeypatch.setattr(
+      attack_main, "_attack_overrides",
+      lambda attack, iterations: {"outer_steps": 2, "inner_steps": 2,
+                                  "max_abs_pixel": 1e-3})
+  workdir = str(mock_env / "div")
+  res = attack_main.run({**MAIN, "attack": "dlg", "num_images": 2}, workdir,
+                        verbose=False)
+  assert len(res["images"]) == 2
+  for e in res["images"]:
+    assert e["undefended"]["diverged"] is True
+    assert e["defended"]["diverged"] is True
+  assert _read(workdir)["images"] == res["images"]
+
+
+@pytest.mark.xfail(reason=(
+    "experiments/attack.py run(): an exception raised by attack_image for one "
+    "image aborts the whole run. Fix: wrap the attack_image call in "
+    "`try: ... except (ValueError, FloatingPointError) as e: entry = "
+    "{'index': idx, 'label': int(labels[idx]), 'error': f'{type(e).__name__}: "
+    "{e}'}` and append/write it like a finished entry (documented in the "
+    "schema), so the run goes on with the next image."), strict=False)
+def test_main_job_records_failing_image_and_goes_on(mock_env, monkeypatch):
+  real = attack_main.attack_image
+  seen = []
+
+  def failing_first(*args, **kwargs):
+    seen.append(1)
+    if len(seen) == 1:
+      raise ValueError("shared_grads holds NaN or inf at ['head']['kernel'].")
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(attack_main, "attack_image", failing_first)
+  res = attack_main.run({**MAIN, "num_images": 2}, str(mock_env / "f"),
+                        verbose=False)
+  assert len(res["images"]) == 2
+  assert "error" in res["images"][0]
+
+
+# --------------------------------------------------------------------------
+# FedAvg training.
+
+
+def _config(**overrides):
+  c = training.default_config()
+  c.update({"dataset": "mnist", "model": "logreg", "partition": "noniid",
+            "num_clients": 4, "classes_per_client": 2, "samples_per_class": 3,
+            "rounds": 4, "clients_per_round": 2, "local_steps": 2,
+            "batch_size": 3, "client_lr": 0.1, "l2": 1e-3,
+            "checkpoint_every": 2, "max_test_examples": 40,
+            "eval_batch": 20, "plot": False})
+  c.update(overrides)
+  return c
+
+
+def _train(config, workdir, data_dir):
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.data_dir = str(data_dir)
+  return training.train_and_evaluate(config, str(workdir))
+
+
+def _files(workdir):
+  return {n: open(os.path.join(workdir, n), "rb").read()
+          for n in sorted(os.listdir(workdir)) if not n.endswith(".png")}
+
+
+def test_training_killed_twice_including_during_resume(mock_env,
+                                                       monkeypatch):
+  """Killed after round 3, then killed again while resuming, then finished."""
+  data_dir = mock_env / "data"
+  _train(_config(), mock_env / "ref", data_dir)
+  reference = _files(mock_env / "ref")
+  workdir = mock_env / "run"
+
+  real_append = training._append_line  # pylint: disable=protected-access
+
+  def append_then_die(path, record):
+    real_append(path, record)
+    if record["round"] == 3:
+      raise Killed()
+
+  monkeypatch.setattr(training, "_append_line", append_then_die)
+  with pytest.raises(Killed):
+    _train(_config(), workdir, data_dir)
+  monkeypatch.setattr(training, "_append_line", real_append)
+  assert not _temp_files(workdir)
+  assert [r["round"] for r in training.read_metrics(str(workdir))] == [1, 2, 3]
+
+  # Killed while the resume rewrites metrics.jsonl (drops round 3).
+  real_replace = os.replace
+
+  def dying_replace(src, dst):
+    if dst.endswith(training.METRICS_FILE):
+      raise Killed()
+    return real_replace(src, dst)
+
+  monkeypatch.setattr(training.os, "replace", dying_replace)
+  with pytest.raises(Killed):
+    _train(_config(), workdir, data_dir)
+  monkeypatch.setattr(training.os, "replace", real_replace)
+  assert not _temp_files(workdir)
+  assert [r["round"] for r in training.read_metrics(str(workdir))] == [1, 2, 3]
+
+  _train(_config(), workdir, data_dir)
+  assert not _temp_files(workdir)
+  assert _files(workdir) == reference
+
+
+def _poison_data(monkeypatch):
+  """Every client's first image becomes NaN (a corrupt input file)."""
+  real = training.build_data
+
+  def poisoned(config):
+    clients, test, info = real(config)
+    x = np.array(clients.x)
+    x[:, 0] = np.nan
+    return clients.replace(x=x), test, info
+
+  monkeypatch.setattr(training, "build_data", poisoned)
+
+
+def test_training_nan_is_recorded_in_metrics(mock_env, monkeypatch):
+  """What the code does today: a NaN loss is written as NaN and training
+  continues to the last round (visible in metrics.jsonl, not flagged)."""
+  _poison_data(monkeypatch)
+  out = _train(_config(), mock_env / "nan", mock_env / "data")
+  losses = [r["train_loss"] for r in out["metrics"]]
+  assert len(losses) == 4
+  assert not np.all(np.isfinite(losses))
+  with open(mock_env / "nan" / training.METRICS_FILE) as f:
+    assert any("NaN" in line or "Infinity" in line for line in f)
+
+
+@pytest.mark.xfail(reason=(
+    "repdef_jax/training.py train_and_evaluate has no NaN detection. Fix: "
+    "right after `metrics = jax.device_get(metrics)` compute `finite = "
+    "np.isfinite(metrics['train_loss']) and all(np.isfinite(l).all() for l "
+    "in jax.tree_util.tree_leaves(jax.device_get(state.params)))`, put "
+    "`record['finite'] = finite`, append the line, and when not finite: "
+    "log/print 'round r: non-finite loss or parameters; stopping (last "
+    "checkpoint kept)', do NOT save a checkpoint, and return {'state', "
+    "'metrics', 'diverged_at_round': r + 1} so sweeps (convergence.py) go "
+    "on with the next configuration."), strict=False)
+def test_training_nan_is_detected_and_run_stops_cleanly(mock_env,
+                                                        monkeypatch):
+  _poison_data(monkeypatch)
+  out = _train(_config(), mock_env / "nan", mock_env / "data")
+  assert out.get("diverged_at_round") is not None
+  assert out["metrics"][-1].get("finite") is False
+
+
+# --------------------------------------------------------------------------
+# Benchmark outputs.
+
+
+def test_benchmark_report_renders_and_is_written_atomically(tmp_path,
+                                                            monkeypatch):
+  from experiments import benchmark  # pylint: disable=g-import-not-at-top
+  from repdef_jax import io as io_lib  # pylint: disable=g-import-not-at-top
+
+  child = {"runs": [{"dlg_seconds": 2.0, "dlg_compile_seconds": 5.0,
+                     "dlg_iterations": 6000, "torch_dlg_seconds": 4.0,
+                     "speedup_vs_torch": 2.0, "torch_outer_steps_run": 10,
+                     "torch_threads": 1, "gs_iterations_per_second": 300.0,
+                     "gs_compile_seconds": 3.0}] * 3,
+           "memory": {"dlg lenet": {"xla_total_mib": 5.0,
+                                    "xla_temp_mib": 4.0}},
+           "peak_rss_mib": 900.0, "rss_after_import_mib": 400.0}
+  rows = benchmark.summarize("attack", child, "cpu")
+  rows += benchmark.summarize("fedavg", {"error": "exit 1: boom"}, "cpu")
+  assert rows[0]["ratio"] == 2.0 and rows[0]["target"] == 3.0
+  assert rows[0]["met"] is False
+  assert rows[-1]["note"].startswith("failed")
+  report = {"machine": {"cpu": "Test CPU", "cores": 2, "backend": "cpu",
+                        "devices": ["cpu:0"], "jax": "x"},
+            "settings": {"quick": True, "runs": 3}, "rows": rows}
+  md = benchmark.render_markdown(report)
+  assert "Test CPU, 2 cores" in md
+  assert "| 2.00x | >= 3.00x | no |" in md
+  assert "XLA 5.00 (temp 4.00); RSS peak 900" in md
+  assert "Targets met: 0 of 2" in md
+  # A kill while replacing BENCHMARKS.md keeps the old file, no temp left.
+  path = tmp_path / "BENCHMARKS.md"
+  io_lib.write_text(str(path), "old\n")
+
+  def dying_replace(src, dst):
+    raise Killed()
+
+  monkeypatch.setattr(io_lib.os, "replace", dying_replace)
+  with pytest.raises(Killed):
+    io_lib.write_text(str(path), md)
+  monkeypatch.undo()
+  assert path.read_text() == "old\n"
+  assert os.listdir(tmp_path) == ["BENCHMARKS.md"]

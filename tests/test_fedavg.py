@@ -1,0 +1,314 @@
+"""Equivalences and invariants of the vectorized FedAvg round."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from repdef_jax import fedavg
+from repdef_jax import gradients
+from repdef_jax import models
+from repdef_jax import schedules
+from repdef_jax.defenses import base as defenses_base
+
+N, M, F = 6, 12, 4 * 4 * 1
+
+
+@pytest.fixture(scope="module")
+def model():
+  return models.get_model("mlp", (4, 4, 1), 4, hidden=(8,))
+
+
+@pytest.fixture(scope="module")
+def logreg():
+  return models.get_model("logreg", (4, 4, 1), 4)
+
+
+def _data(n=N, m=M, seed=0, sizes=(12, 7, 12, 3, 0, 12)):
+  rng = np.random.default_rng(seed)
+  x = rng.random((n, m, 4, 4, 1), dtype=np.float32)
+  y = rng.integers(0, 4, (n, m)).astype(np.int32)
+  mask = np.zeros((n, m), np.float32)
+  for k, s in enumerate(sizes):
+    mask[k, :s] = 1.0
+  x = x * mask[..., None, None, None]
+  y = y * mask.astype(np.int32)
+  return fedavg.ClientArrays(jnp.asarray(x), jnp.asarray(y), jnp.asarray(mask))
+
+
+def _pad(data, extra_clients=0, extra_examples=0):
+  pad = lambda a: jnp.pad(a, [(0, extra_clients), (0, extra_examples)] +
+                          [(0, 0)] * (a.ndim - 2))
+  return fedavg.ClientArrays(*(pad(a) for a in data))
+
+
+def _max_diff(a, b):
+  return max((float(np.max(np.abs(np.asarray(u) - np.asarray(v))))
+              for u, v in zip(jax.tree_util.tree_leaves(a),
+                              jax.tree_util.tree_leaves(b))), default=0.0)
+
+
+def _fixed_rows_defense(rows):
+  """Zeroes fixed rows of the head kernel gradient (a Soteria stand-in)."""
+  rows = jnp.asarray(rows)
+
+  def apply(grads, batch, key):
+    del batch, key
+    g = dict(grads)
+    head = dict(g["head"])
+    head["kernel"] = head["kernel"].at[rows].set(0.0)
+    g["head"] = head
+    return g, {"pruned": jnp.float32(len(rows))}
+
+  return defenses_base.Defense("rows", apply)
+
+
+CONFIGS = {
+    "steps": fedavg.FedAvgConfig(clients_per_round=5, local_steps=3,
+                                 batch_size=4, client_lr=0.1, l2=1e-2),
+    "epochs_size": fedavg.FedAvgConfig(clients_per_round=4, local_epochs=2,
+                                       batch_size=5, client_lr=0.1,
+                                       weighting="size", replace=False),
+    "update_defense": fedavg.FedAvgConfig(
+        clients_per_round=4, local_steps=2, batch_size=4, client_lr=0.1,
+        defense=_fixed_rows_defense([1, 3]), defense_at="update",
+        server_optimizer=optax.sgd(0.5, momentum=0.9)),
+}
+
+
+_ROUND_FNS = {}
+
+
+def _round_fn(model, name, **kwargs):
+  """Shares compiled rounds between tests (compilation dominates run time)."""
+  key = (id(model), name, tuple(sorted(kwargs.items())))
+  if key not in _ROUND_FNS:
+    _ROUND_FNS[key] = (fedavg.make_round(model, CONFIGS[name], **kwargs), model)
+  return _ROUND_FNS[key][0]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_vmapped_round_equals_python_loop(model, name):
+  config = CONFIGS[name]
+  data, keys = _data(), fedavg.key_streams(1)
+  state = fedavg.init(model, config, keys.init)
+  round_fn = _round_fn(model, name)
+  for _ in range(2):
+    new, metrics = round_fn(state, data, keys)
+    ref = fedavg.loop_round(model, config, state, data, keys,
+                            metrics["client_ids"])
+    assert _max_diff(new.params, ref.params) < 1e-6
+    assert _max_diff(new.opt_state, ref.opt_state) < 1e-6
+    assert int(new.round) == int(ref.round)
+    state = new
+
+
+def test_chunked_round_equals_vmapped(model):
+  config = CONFIGS["steps"]
+  data, keys = _data(), fedavg.key_streams(2)
+  state = fedavg.init(model, config, keys.init)
+  a, ma = _round_fn(model, "steps")(state, data, keys)
+  chunked = fedavg.FedAvgConfig(**{**config.__dict__, "client_chunk": 2})
+  b, mb = fedavg.make_round(model, chunked)(state, data, keys)
+  np.testing.assert_array_equal(ma["client_ids"], mb["client_ids"])
+  assert _max_diff(a.params, b.params) < 1e-6
+
+
+def test_padding_clients_and_examples_changes_nothing(model):
+  config = CONFIGS["steps"]
+  data, keys = _data(), fedavg.key_streams(3)
+  state = fedavg.init(model, config, keys.init)
+  round_fn = _round_fn(model, "steps")
+  a, ma = round_fn(state, data, keys)
+  padded = _pad(data, extra_clients=3, extra_examples=5)
+  b, mb = round_fn(state, padded, keys)
+  # Zero-size clients have p_k = 0: same sample, same result.
+  np.testing.assert_array_equal(ma["client_ids"], mb["client_ids"])
+  assert _max_diff(a.params, b.params) < 1e-6
+  assert abs(float(ma["train_loss"]) - float(mb["train_loss"])) < 1e-6
+
+
+def test_empty_client_contributes_nothing(model):
+  config = CONFIGS["steps"]
+  data, keys = _data(), fedavg.key_streams(4)
+  state = fedavg.init(model, config, keys.init)
+  round_fn = fedavg.make_round(model, config, return_client_updates=True)
+  new, m = round_fn(state, data, keys, client_ids=jnp.array([4, 0]))
+  ref, _ = round_fn(state, data, keys, client_ids=jnp.array([0]))
+  np.testing.assert_allclose(m["weights"], [0.0, 1.0])
+  assert _max_diff(jax.tree_util.tree_map(lambda d: d[0],
+                                          m["client_updates"]),
+                   jax.tree_util.tree_map(jnp.zeros_like, state.params)) == 0
+  assert _max_diff(new.params, ref.params) < 1e-7
+
+
+def test_one_client_one_full_step_is_centralized_sgd(model):
+  config = fedavg.FedAvgConfig(clients_per_round=1, local_steps=1,
+                               batch_size=100, client_lr=0.3, l2=0.05)
+  data, keys = _data(n=1, sizes=(9,)), fedavg.key_streams(5)
+  state = fedavg.init(model, config, keys.init)
+  new, _ = fedavg.make_round(model, config)(state, data, keys)
+  x, y = data.x[0, :9], data.y[0, :9]
+
+  def loss(p):
+    sq = sum(jnp.sum(w ** 2) for w in jax.tree_util.tree_leaves(p))
+    return gradients.batch_loss(model, p, x, y) + 0.5 * 0.05 * sq
+
+  g = jax.grad(loss)(state.params)
+  expected = jax.tree_util.tree_map(lambda w, gw: w - 0.3 * gw, state.params, g)
+  assert _max_diff(new.params, expected) < 1e-6
+
+
+def test_sampling_frequencies_match_probs():
+  probs = jnp.array([0.5, 0.25, 0.15, 0.1, 0.0])
+  key = jax.random.key(0)
+  draws = jax.vmap(lambda r: fedavg.sample_clients(
+      jax.random.fold_in(key, r), probs, 10))(jnp.arange(2000))
+  freq = np.bincount(np.asarray(draws).ravel(), minlength=5) / draws.size
+  np.testing.assert_allclose(freq, probs, atol=0.015)
+  no_rep = jax.vmap(lambda r: fedavg.sample_clients(
+      jax.random.fold_in(key, r), probs, 3, replace=False))(jnp.arange(200))
+  assert all(len(set(row)) == 3 and 4 not in row
+             for row in np.asarray(no_rep).tolist())
+
+
+def test_defense_toggle_keeps_sampling_and_init(model):
+  data, keys = _data(), fedavg.key_streams(6)
+  plain = CONFIGS["steps"]
+  defended = fedavg.FedAvgConfig(**{**plain.__dict__,
+                                    "defense": _fixed_rows_defense([0])})
+  ids = []
+  for config in (plain, defended):
+    state = fedavg.init(model, config, keys.init)
+    round_fn = (_round_fn(model, "steps") if config is plain else
+                fedavg.make_round(model, config))
+    run = []
+    for _ in range(3):
+      state, m = round_fn(state, data, keys)
+      run.append(np.asarray(m["client_ids"]))
+    ids.append(run)
+  np.testing.assert_array_equal(ids[0], ids[1])
+
+
+def test_fixed_rows_defense_every_step_zeroes_rows(model):
+  config = fedavg.FedAvgConfig(clients_per_round=4, local_steps=3,
+                               batch_size=4, client_lr=0.1,
+                               defense=_fixed_rows_defense([2, 5]))
+  data, keys = _data(), fedavg.key_streams(7)
+  state = fedavg.init(model, config, keys.init)
+  _, m = fedavg.make_round(model, config, return_client_updates=True)(
+      state, data, keys)
+  head = np.asarray(m["client_updates"]["head"]["kernel"])
+  assert np.all(head[:, [2, 5]] == 0.0)
+  assert np.any(head[:, [0, 1, 3]] != 0.0)
+  assert float(m["defense/pruned"]) == pytest.approx(2.0)
+
+
+def test_attack_hook_returns_what_the_server_receives(model):
+  config = CONFIGS["update_defense"]
+  data, keys = _data(), fedavg.key_streams(8)
+  state = fedavg.init(model, config, keys.init)
+  round_fn = fedavg.make_round(model, config, return_client_updates=True)
+  state, _ = round_fn(state, data, keys)  # Attack round 1, not 0.
+  _, m = round_fn(state, data, keys)
+  slot = 1
+  cid = int(m["client_ids"][slot])
+  tk, nk = fedavg.client_keys(keys, state.round, cid)
+  delta, _ = jax.jit(lambda p: fedavg.client_update(
+      model, config, p, data.x[cid], data.y[cid], data.mask[cid], tk, nk,
+      state.round))(state.params)
+  got = jax.tree_util.tree_map(lambda d: d[slot], m["client_updates"])
+  assert _max_diff(got, delta) < 1e-7
+
+
+def _soteria(model):
+  try:
+    from repdef_jax.defenses import soteria  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    pytest.skip("repdef_jax.defenses.soteria not available yet")
+  return soteria.soteria(model, 50.0)
+
+
+@pytest.mark.parametrize("defense_at", ["step", "update"])
+def test_soteria_pruned_rows_are_zero_in_every_update(logreg, defense_at):
+  defense = _soteria(logreg)
+  config = fedavg.FedAvgConfig(clients_per_round=4, local_steps=1,
+                               batch_size=M, client_lr=0.5, defense=defense,
+                               defense_at=defense_at,
+                               local_epochs=0 if defense_at == "step" else 0)
+  data, keys = _data(sizes=(12, 7, 12, 3, 5, 12)), fedavg.key_streams(9)
+  state = fedavg.init(logreg, config, keys.init)
+  state = state.replace(params=jax.tree_util.tree_map(
+      lambda p: p + 0.1, state.params))
+  _, m = fedavg.make_round(logreg, config, return_client_updates=True)(
+      state, data, keys)
+  ones = jax.tree_util.tree_map(jnp.ones_like, state.params)
+  for slot, cid in enumerate(np.asarray(m["client_ids"])):
+    tk, nk = fedavg.client_keys(keys, state.round, int(cid))
+    if defense_at == "step":  # The exact minibatch of the only step.
+      idx, bm = fedavg._batch_plan(tk, data.mask[cid], config)  # pylint: disable=protected-access
+      batch = defenses_base.ClientBatch(state.params, data.x[cid][idx[0]],
+                                        data.y[cid][idx[0]], bm[0])
+      key = jax.random.fold_in(nk, 0)
+    else:
+      batch = defenses_base.ClientBatch(state.params, data.x[cid],
+                                        data.y[cid], data.mask[cid])
+      key = nk
+    mask, _ = defense.apply(ones, batch, key)
+    pruned = np.asarray(mask["head"]["kernel"]) == 0
+    assert pruned.any()
+    delta = np.asarray(m["client_updates"]["head"]["kernel"][slot])
+    assert np.all(delta[pruned] == 0.0)
+
+
+def test_bad_inputs_raise(model):
+  with pytest.raises(ValueError, match="local_steps"):
+    fedavg.FedAvgConfig(local_steps=0).validate()
+  with pytest.raises(ValueError, match="defense_at"):
+    fedavg.FedAvgConfig(defense_at="never").validate()
+  with pytest.raises(ValueError, match="weighting"):
+    fedavg.FedAvgConfig(weighting="median").validate()
+  data = _data()
+  with pytest.raises(ValueError, match="without replacement"):
+    fedavg.check_setup(fedavg.FedAvgConfig(clients_per_round=6,
+                                           replace=False), data)
+  fedavg.check_setup(fedavg.FedAvgConfig(clients_per_round=6), data)
+  with pytest.raises(ValueError, match="client data must be"):
+    fedavg.as_client_arrays(fedavg.ClientArrays(data.x[0], data.y, data.mask))
+
+
+def test_theorem2_schedule_matches_formula():
+  mu, big_l, steps = 0.01, 0.5, 5
+  gamma = max(8 * big_l / mu, steps)
+  sched = schedules.theorem2(mu, big_l, steps)
+  for t in (0, 1, 10, 1000):
+    assert float(sched(t)) == pytest.approx(2 / (mu * (gamma + t)), rel=1e-6)
+  assert schedules.theorem2_gamma(1.0, 1.0, 20) == 20
+  assert float(schedules.constant(0.3)(7)) == pytest.approx(0.3)
+  with pytest.raises(ValueError, match="mu"):
+    schedules.theorem2(0.0, 1.0, 1)
+  with pytest.raises(ValueError, match="L must be"):
+    schedules.theorem2(1.0, 0.5, 1)
+  with pytest.raises(ValueError):
+    schedules.constant(0.0)
+
+
+def test_schedule_is_indexed_by_global_step(logreg):
+  sched = schedules.theorem2(0.1, 0.2, 2)
+  config = fedavg.FedAvgConfig(clients_per_round=1, local_steps=2,
+                               batch_size=M, client_lr=sched, l2=0.1)
+  data, keys = _data(n=1, sizes=(8,)), fedavg.key_streams(10)
+  state = fedavg.init(logreg, config, keys.init)
+  round_fn = fedavg.make_round(logreg, config)
+  state, _ = round_fn(state, data, keys)
+  x, y = data.x[0, :8], data.y[0, :8]
+  p = state.params
+  for t in (2, 3):  # Round 1 runs global steps 2 and 3.
+    def loss(q):
+      sq = sum(jnp.sum(w ** 2) for w in jax.tree_util.tree_leaves(q))
+      return gradients.batch_loss(logreg, q, x, y) + 0.05 * sq
+    g = jax.grad(loss)(p)
+    p = jax.tree_util.tree_map(lambda w, gw: w - sched(t) * gw, p, g)
+  new, _ = round_fn(state, data, keys)
+  assert _max_diff(new.params, p) < 1e-6

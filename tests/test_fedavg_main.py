@@ -1,0 +1,168 @@
+"""End to end: the resumable FedAvg run under tfds.testing.mock_data."""
+
+import os
+import sys
+
+import ml_collections
+import pytest
+import tensorflow_datasets as tfds
+
+from repdef_jax import training
+
+NUM_MOCK = 120
+
+
+def _config(**overrides):
+  c = training.default_config()
+  c.dataset = "mnist"
+  c.model = "logreg"
+  c.partition = "noniid"
+  c.num_clients = 4
+  c.classes_per_client = 2
+  c.samples_per_class = 3
+  c.rounds = 4
+  c.clients_per_round = 2
+  c.local_steps = 2
+  c.batch_size = 3
+  c.client_lr = 0.1
+  c.l2 = 1e-3
+  c.checkpoint_every = 2
+  c.max_test_examples = 40
+  c.eval_batch = 20
+  c.plot = False
+  c.update(overrides)
+  return c
+
+
+@pytest.fixture()
+def mock_env(tmp_path, monkeypatch):
+  monkeypatch.setenv("REPDEF_JAX_CACHE", str(tmp_path / "cache"))
+  with tfds.testing.mock_data(num_examples=NUM_MOCK):
+    yield tmp_path
+
+
+def _files(workdir):
+  return {name: open(os.path.join(workdir, name), "rb").read()
+          for name in sorted(os.listdir(workdir))
+          if not name.endswith(".png")}
+
+
+def _run(config, workdir, data_dir):
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.data_dir = str(data_dir)
+  return training.train_and_evaluate(config, str(workdir))
+
+
+class _Killed(Exception):
+  pass
+
+
+def test_resume_after_kill_equals_uninterrupted(mock_env, monkeypatch):
+  data_dir = mock_env / "data"
+  full = _run(_config(), mock_env / "full", data_dir)
+  assert [r["round"] for r in full["metrics"]] == [1, 2, 3, 4]
+  reference = _files(mock_env / "full")
+  assert set(reference) == {"checkpoint.msgpack", "config.json",
+                            "metrics.jsonl"}
+
+  # 1. Killed after round 3 (checkpoint at 2): rerun the same command.
+  real_append = training._append_line  # pylint: disable=protected-access
+
+  def append_then_die(path, record):
+    real_append(path, record)
+    if record["round"] == 3:
+      raise _Killed()
+
+  monkeypatch.setattr(training, "_append_line", append_then_die)
+  with pytest.raises(_Killed):
+    _run(_config(), mock_env / "a", data_dir)
+  monkeypatch.setattr(training, "_append_line", real_append)
+  _run(_config(), mock_env / "a", data_dir)
+  assert _files(mock_env / "a") == reference
+
+  # 2. Killed in the middle of writing a metrics line (torn line on disk).
+  real_write = os.write
+
+  def torn_write(fd, payload):
+    if b'"round": 4' in payload:
+      real_write(fd, payload[:len(payload) // 2])
+      raise _Killed()
+    return real_write(fd, payload)
+
+  monkeypatch.setattr(training.os, "write", torn_write)
+  with pytest.raises(_Killed):
+    _run(_config(), mock_env / "b", data_dir)
+  monkeypatch.setattr(training.os, "write", real_write)
+  _run(_config(), mock_env / "b", data_dir)
+  assert _files(mock_env / "b") == reference
+
+  # 3. Killed while replacing the second checkpoint (round 4).
+  real_replace = os.replace
+  calls = []
+
+  def dying_replace(src, dst):
+    if dst.endswith(training.CHECKPOINT_FILE):
+      calls.append(dst)
+      if len(calls) == 2:
+        raise _Killed()
+    return real_replace(src, dst)
+
+  monkeypatch.setattr(training.os, "replace", dying_replace)
+  with pytest.raises(_Killed):
+    _run(_config(), mock_env / "c", data_dir)
+  monkeypatch.setattr(training.os, "replace", real_replace)
+  assert not [f for f in os.listdir(mock_env / "c") if f.endswith(".tmp")]
+  _run(_config(), mock_env / "c", data_dir)
+  assert _files(mock_env / "c") == reference
+
+  # 4. A different configuration in the same workdir: error, nothing changes.
+  with pytest.raises(ValueError, match="different configuration"):
+    _run(_config(client_lr=0.2), mock_env / "full", data_dir)
+  assert _files(mock_env / "full") == reference
+
+
+def test_bad_input_gives_clear_errors(mock_env):
+  data_dir = mock_env / "data"
+  with pytest.raises(ValueError, match="exceeds num_clients"):
+    _run(_config(clients_per_round=5, replace=False), mock_env / "w1",
+         data_dir)
+  with pytest.raises(ValueError, match="local_steps"):
+    _run(_config(local_steps=0), mock_env / "w2", data_dir)
+  with pytest.raises(ValueError, match="Cannot give"):
+    _run(_config(samples_per_class=1000), mock_env / "w3", data_dir)
+  assert not os.path.exists(mock_env / "w3" / "config.json")
+
+
+def test_entry_point_end_to_end(mock_env):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+  if root not in sys.path:
+    sys.path.insert(0, root)
+  from experiments import fedavg as main_lib  # pylint: disable=g-import-not-at-top
+  workdir = mock_env / "main"
+  config_file = mock_env / "tiny_config.py"
+  config_file.write_text(
+      "from experiments.configs import fedavg\n"
+      "def get_config():\n"
+      "  c = fedavg.get_config()\n"
+      "  c.update(num_clients=4, samples_per_class=3, rounds=2,\n"
+      "           clients_per_round=2, local_steps=1, max_test_examples=20,\n"
+      "           checkpoint_every=1)\n"
+      "  return c\n")
+  argv = ["fedavg", f"--config={config_file}", f"--workdir={workdir}",
+          f"--data_dir={mock_env / 'data'}"]
+  here = os.getcwd()
+  os.chdir(os.path.join(os.path.dirname(__file__), ".."))
+  try:
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(argv)
+    main_lib.main(["fedavg"])
+  finally:
+    os.chdir(here)
+    flags.FLAGS.unparse_flags()
+  names = set(os.listdir(workdir))
+  assert {"config.json", "checkpoint.msgpack", "metrics.jsonl",
+          "accuracy.png"} <= names
+  records = training.read_metrics(str(workdir))
+  assert [r["round"] for r in records] == [1, 2]
+  assert 0.0 <= records[-1]["test_accuracy"] <= 1.0
