@@ -14,7 +14,13 @@ computes the true gradient of one image at a fixed random initialisation
 defense is applied to what the client shares), then writes to ``--workdir``:
 
 * ``results.json`` (written atomically after each image; schema below);
-* ``reconstructions.png``: rows original | undefended | defended.
+* ``recon_<index>.npz`` (written atomically after the image's entry):
+  arrays ``original``, ``undefended``, ``defended`` ``[H, W, C]``;
+* ``reconstructions.png`` (atomic): rows original | undefended | defended,
+  one column per finished image (including images finished by earlier runs
+  of a resumed job), redrawn from the ``recon_<index>.npz`` files; a missing
+  reconstruction (an image that failed, or a kill between ``results.json``
+  and its ``.npz``) is drawn mid-gray.
 
 Schema of ``results.json``::
 
@@ -27,13 +33,20 @@ Schema of ``results.json``::
                               "final_loss", "iterations"},
                "defended": {... same ...,
                             "pruned_fraction_nominal",
-                            "pruned_fraction_effective"}}]}
+                            "pruned_fraction_effective"}}
+              # or, when attacking the image raised ValueError or
+              # FloatingPointError (e.g. a non-finite gradient), a finished
+              # entry without metrics; the run goes on with the next image:
+              | {"index": int, "label": int,
+                 "error": "ValueError: <message>"}]}
 
 ``mse`` is the paper's raw MSE (no clamping), ``mse_clamped``/``psnr``/
 ``ssim`` use reconstructions clamped to [0, 1] (:mod:`repdef_jax.metrics`).
 Non-finite numbers are written as JSON strings "inf"/"-inf"/"nan".
-Re-running with the same config resumes (finished images are skipped); a
-different config in the same workdir is an error.
+Re-running with the same config resumes (finished images, including
+``error`` entries, are skipped); a different config in the same workdir is an
+error. The config (including the defense and its strength) is validated
+before any data is loaded.
 
 Randomness: ``jax.random.key(seed)`` is split by ``fold_in`` into named
 streams 'init', 'data', 'attack', 'defense'; images fold in their index.
@@ -43,10 +56,10 @@ defended attacks of an image start from the same dummy.
 
 from __future__ import annotations
 
+from io import BytesIO
 import json
 import math
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -60,6 +73,7 @@ from repdef_jax import attacks
 from repdef_jax import data
 from repdef_jax import defenses
 from repdef_jax import gradients
+from repdef_jax import io
 from repdef_jax import metrics
 from repdef_jax import models
 
@@ -89,7 +103,12 @@ def key_streams(seed: int) -> dict[str, jax.Array]:
 
 
 def validate_config(config: dict) -> dict:
-  """Fills defaults and checks names; raises ValueError listing valid ones."""
+  """Fills defaults and checks names and the defense; loads no data.
+
+  Raises:
+    ValueError: unknown keys or names (lists the valid ones), counts < 1, or
+      a defense strength the defense rejects (e.g. Soteria's percent).
+  """
   unknown = set(config) - set(DEFAULT_CONFIG)
   if unknown:
     raise ValueError(f"Unknown config keys {sorted(unknown)}; valid: "
@@ -105,6 +124,12 @@ def validate_config(config: dict) -> dict:
   if config["model"] not in models.MODEL_NAMES:
     raise ValueError(f"Unknown model {config['model']!r}; valid names: "
                      f"{', '.join(models.MODEL_NAMES)}.")
+  # Build the defense once (cheap, no data) so a bad strength is reported
+  # before a missing data directory.
+  info = data.get_info(config["dataset"])
+  model = models.get_model(config["model"], info.image_shape,
+                           info.num_classes, init=config["init"])
+  defenses.get_defense(config["defense"], config["strength"], model=model)
   if int(config["num_images"]) < 1:
     raise ValueError("num_images must be >= 1.")
   if config["iterations"] is not None and int(config["iterations"]) < 1:
@@ -137,17 +162,35 @@ def _jsonable(v: Any) -> Any:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-  """Writes ``obj`` as JSON to ``path`` via a temporary file + os.replace."""
-  d = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=d, prefix=".results.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(_jsonable(obj), f, indent=1)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  """Writes ``obj`` as JSON to ``path`` atomically (:func:`io.write_json`)."""
+  io.write_json(path, _jsonable(obj))
+
+
+def _recon_path(workdir: str, idx: int) -> str:
+  return os.path.join(workdir, f"recon_{idx}.npz")
+
+
+def save_recon(workdir: str, idx: int, original, undefended,
+               defended) -> None:
+  """Writes one image's arrays to ``recon_<idx>.npz`` atomically."""
+  buf = BytesIO()
+  np.savez(buf, original=np.asarray(original),
+           undefended=np.asarray(undefended), defended=np.asarray(defended))
+  io.write_bytes(_recon_path(workdir, idx), buf.getvalue())
+
+
+def load_recon(workdir: str, idx: int, original) -> tuple[np.ndarray, ...]:
+  """``(original, undefended, defended)``; NaN (gray) where none is saved."""
+  path = _recon_path(workdir, idx)
+  if os.path.exists(path):
+    try:
+      with np.load(path) as z:
+        return z["original"], z["undefended"], z["defended"]
+    except (OSError, ValueError, KeyError):
+      pass  # Unreadable: drawn as missing.
+  original = np.asarray(original)
+  missing = np.full(original.shape, np.nan)
+  return original, missing, missing
 
 
 def attack_image(model, params, attack, defense, x, y, key_attack,
@@ -224,7 +267,7 @@ def save_png(path: str, originals, undefended, defended) -> None:
       if c == 0:
         ax.set_ylabel(name)
   fig.tight_layout()
-  fig.savefig(path, dpi=80)
+  io.save_figure(fig, path, dpi=80)
   plt.close(fig)
 
 
@@ -245,7 +288,8 @@ def run(config: dict, workdir: str, verbose: bool = True) -> dict:
 
   Raises:
     ValueError: bad config (lists valid names), or a workdir holding results
-      of a different config.
+      of a different config. An image whose attack raises ValueError or
+      FloatingPointError is recorded as an ``error`` entry instead.
   """
   config = validate_config(config)
   os.makedirs(workdir, exist_ok=True)
@@ -279,7 +323,7 @@ def run(config: dict, workdir: str, verbose: bool = True) -> dict:
   chosen = [int(i) for i in order[:config["num_images"]]]
 
   done = {e["index"]: e for e in results["images"]}
-  recs = {}
+  new = 0
   if verbose:
     print(f"{config['attack']} on {config['model']}/{config['dataset']}, "
           f"defense {config['defense']}({config['strength']:g}); "
@@ -293,25 +337,39 @@ def run(config: dict, workdir: str, verbose: bool = True) -> dict:
     if idx in done:
       entry = done[idx]
     else:
-      und, dfd, xu, xd = attack_image(
-          model, params, attack, defense, x, y,
-          jax.random.fold_in(keys["attack"], idx),
-          jax.random.fold_in(keys["defense"], idx), overrides)
-      entry = {"index": idx, "label": int(labels[idx]), "undefended": und,
-               "defended": dfd}
+      try:
+        und, dfd, xu, xd = attack_image(
+            model, params, attack, defense, x, y,
+            jax.random.fold_in(keys["attack"], idx),
+            jax.random.fold_in(keys["defense"], idx), overrides)
+      except (ValueError, FloatingPointError) as e:
+        entry = {"index": idx, "label": int(labels[idx]),
+                 "error": f"{type(e).__name__}: {e}"}
+        xu = xd = None
+      else:
+        entry = {"index": idx, "label": int(labels[idx]), "undefended": und,
+                 "defended": dfd}
       results["images"].append(_jsonable(entry))
-      recs[idx] = (np.asarray(x[0]), xu, xd)
-      write_json_atomic(path, results)
-    if verbose:
+      done[idx] = entry
+      new += 1
+      write_json_atomic(path, results)  # results.json first: the record.
+      if xu is not None:
+        save_recon(workdir, idx, np.asarray(x[0]), xu, xd)
+    if verbose and "error" in entry:
+      print(f"{idx:6d} {entry['label']:5d} | {entry['error']}")
+    elif verbose:
       u, d = entry["undefended"], entry["defended"]
       print(f"{idx:6d} {entry['label']:5d} | {_fmt(u['mse'])} "
             f"{_fmt(u['psnr'])} {_fmt(u['ssim'])} {u['diverged']!s:>5} | "
             f"{_fmt(d['mse'])} {_fmt(d['psnr'])} {_fmt(d['ssim'])} "
             f"{d['diverged']!s:>5} {d['pruned_fraction_effective']:6.2f} | "
             f"{u['seconds'] + d['seconds']:5.1f}")
-  if recs:
-    save_png(os.path.join(workdir, "reconstructions.png"),
-             *zip(*[recs[i] for i in chosen if i in recs]))
+  png = os.path.join(workdir, "reconstructions.png")
+  finished = [i for i in chosen if i in done]
+  if finished and (new or not os.path.exists(png)):
+    save_png(png, *zip(*[
+        load_recon(workdir, i, data.to_float(np.asarray(images[i])))
+        for i in finished]))
   return results
 
 
@@ -337,6 +395,7 @@ def define_flags() -> None:
 
 
 def main(argv):
+  io.enable_compilation_cache()
   del argv
   start = time.perf_counter()
   config = {k: getattr(FLAGS, k) for k in

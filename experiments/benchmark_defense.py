@@ -36,12 +36,17 @@ import jax.numpy as jnp
 from repdef_jax import models
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "Optional JSON output path.")
-flags.DEFINE_list("models", ["lenet", "convnet64"], "Models to benchmark.")
-flags.DEFINE_list("batches", ["1", "8"], "Batch sizes.")
-flags.DEFINE_integer("repeats", 3, "Timed repeats (median).")
-flags.DEFINE_integer("max_features", 768,
-                     "Features timed per model (scaled to F when fewer).")
+
+
+def define_flags() -> None:
+  """Defines the absl flags (only when run as a program, so importing this
+  module, e.g. with the other benchmarks, defines no flags)."""
+  flags.DEFINE_string("out", None, "Optional JSON output path.")
+  flags.DEFINE_list("models", ["lenet", "convnet64"], "Models to benchmark.")
+  flags.DEFINE_list("batches", ["1", "8"], "Batch sizes.")
+  flags.DEFINE_integer("repeats", 3, "Timed repeats (median).")
+  flags.DEFINE_integer("max_features", 768,
+                       "Features timed per model (scaled to F when fewer).")
 
 
 def _time(fn, repeats: int) -> tuple[float, float]:
@@ -149,4 +154,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

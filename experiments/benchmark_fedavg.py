@@ -206,19 +206,22 @@ def time_mnist(rounds: int = 20, verbose: bool = True,
   return res
 
 
-_BATCH = flags.DEFINE_list("batch_sizes", ["10", "50", "200"],
-                           "Local batch sizes.")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Timed rounds per variant.")
-_MNIST = flags.DEFINE_integer("mnist_rounds", 20,
-                              "MNIST rounds to time (0 = skip).")
-_VMAP_XLA = flags.DEFINE_bool("vmap_xla", True,
-                              "Also time vmap with XLA convolutions.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the absl flags (only when run as a program, so importing this
+  module, e.g. with the other benchmarks, defines no flags)."""
+  flags.DEFINE_list("batch_sizes", ["10", "50", "200"], "Local batch sizes.")
+  flags.DEFINE_integer("rounds", 3, "Timed rounds per variant.")
+  flags.DEFINE_integer("mnist_rounds", 20, "MNIST rounds to time (0 = skip).")
+  flags.DEFINE_bool("vmap_xla", True, "Also time vmap with XLA convolutions.")
 
 
 def main(argv):
   del argv
-  res = run([int(b) for b in _BATCH.value], rounds=_ROUNDS.value,
-            include_vmap_xla=_VMAP_XLA.value, mnist_rounds=_MNIST.value)
+  res = run([int(b) for b in FLAGS.batch_sizes], rounds=FLAGS.rounds,
+            include_vmap_xla=FLAGS.vmap_xla, mnist_rounds=FLAGS.mnist_rounds)
   print("\nbatch steps loop_xla r/s | vs loop: vmap_xla ours | "
         "compile s: loop ours | max|diff|")
   nan = float("nan")
@@ -236,4 +239,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -24,9 +24,15 @@ import numpy as np
 from repdef_jax import gradients
 from repdef_jax import models
 
-_MODELS = flags.DEFINE_list("models", ["lenet", "convnet64"], "Models.")
-_BATCH = flags.DEFINE_list("batch", ["8", "32"], "Batch sizes.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (median).")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the absl flags (only when run as a program, so importing this
+  module, e.g. with the other benchmarks, defines no flags)."""
+  flags.DEFINE_list("models", ["lenet", "convnet64"], "Models.")
+  flags.DEFINE_list("batch", ["8", "32"], "Batch sizes.")
+  flags.DEFINE_integer("repeats", 5, "Timed repeats (median).")
 
 
 def median_time(fn, repeats: int) -> float:
@@ -93,7 +99,7 @@ def run(model_names: Sequence[str] = ("lenet", "convnet64"),
 
 def main(argv):
   del argv
-  for r in run(_MODELS.value, [int(b) for b in _BATCH.value], _REPEATS.value):
+  for r in run(FLAGS.models, [int(b) for b in FLAGS.batch], FLAGS.repeats):
     print(f"{r['model']:10s} batch {r['batch']:3d}: vmap {r['vmap_s']*1e3:8.1f}"
           f" ms  loop {r['loop_s']*1e3:8.1f} ms  ratio {r['ratio']:5.2f}x  "
           f"(compile {r['compile_vmap_s']:.1f} s / {r['compile_loop_s']:.1f} s,"
@@ -101,4 +107,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

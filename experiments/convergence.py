@@ -26,6 +26,7 @@ import numpy as np
 from ml_collections import config_flags
 
 from repdef_jax import data as data_lib
+from repdef_jax import io
 from repdef_jax import training
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -80,8 +81,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     print(f"== {s['name']}", flush=True)
     result = training.train_and_evaluate(c, os.path.join(workdir, s["name"]))
     recs = result["metrics"]
+    diverged = result.get("diverged_at_round")
+    if diverged is not None:  # Recorded; the sweep goes on.
+      print(f"   {s['name']} diverged at round {diverged}", flush=True)
     curves[s["name"]] = {
         **s,
+        "diverged_at_round": diverged,
         "round": [r["round"] for r in recs],
         "global_loss": [r["global_loss"] for r in recs],
         "test_accuracy": [r["test_accuracy"] for r in recs],
@@ -126,6 +131,7 @@ def plot(curves: dict[str, Any], base: ml_collections.ConfigDict,
 
 
 def main(argv):
+  io.enable_compilation_cache()
   del argv
   logging.basicConfig(level=logging.WARNING)
   config = _CONFIG.value

@@ -14,6 +14,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from repdef_jax import io
 from repdef_jax import training
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -25,6 +26,7 @@ _DATA_DIR = flags.DEFINE_string("data_dir", None,
 
 
 def main(argv):
+  io.enable_compilation_cache()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.basicConfig(level=logging.INFO)

@@ -52,6 +52,7 @@ import numpy as np
 
 from repdef_jax import data as data_lib
 from repdef_jax import gradients
+from repdef_jax import io
 from repdef_jax import models
 from repdef_jax import partition
 from repdef_jax.attacks import repinfer
@@ -399,6 +400,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
 
 
 def main(argv):
+  io.enable_compilation_cache()
   if len(argv) > 1:
     raise app.UsageError("Too many command-line arguments.")
   result = run(_CONFIG.value, _WORKDIR.value, _DATA_DIR.value)

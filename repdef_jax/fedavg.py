@@ -212,6 +212,14 @@ class FedAvgConfig:
       raise ValueError(f"l2 must be >= 0, got {self.l2}.")
     if self.client_chunk < 0:
       raise ValueError(f"client_chunk must be >= 0, got {self.client_chunk}.")
+    if not callable(self.client_lr):
+      try:
+        lr = float(self.client_lr)
+      except (TypeError, ValueError):
+        lr = float("nan")
+      if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"client_lr must be a finite number > 0 or a "
+                         f"schedule (callable), got {self.client_lr!r}.")
 
   @property
   def server_opt(self) -> optax.GradientTransformation:

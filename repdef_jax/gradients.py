@@ -28,17 +28,33 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
       example ``[..., K]`` (soft; DLG's dummy label after softmax).
 
   Returns:
-    Loss per example, ``[...]``.
+    Loss per example, ``[...]``. A hard label outside ``[0, K)`` gives a NaN
+    loss (and a NaN gradient), never a silent finite value, so it is caught by
+    :func:`check_finite` downstream (the check cannot raise under ``jit``).
+
+  Raises:
+    ValueError: soft labels whose shape differs from ``logits``, or hard
+      labels that are not integers.
   """
   logp = jax.nn.log_softmax(logits, axis=-1)
   if labels.ndim == logits.ndim:
+    if tuple(labels.shape) != tuple(logits.shape):
+      raise ValueError(
+          f"labels (soft) must have the shape of logits {tuple(logits.shape)};"
+          f" got shape {tuple(labels.shape)}. Hard labels must be integer "
+          f"class ids of shape {tuple(logits.shape[:-1])}.")
     return -jnp.sum(labels * logp, axis=-1)
   if not jnp.issubdtype(labels.dtype, jnp.integer):
     raise ValueError(
         "labels must be integer class ids of shape logits.shape[:-1] or "
         f"probabilities of shape logits.shape; got dtype {labels.dtype} and "
         f"shape {labels.shape} for logits of shape {logits.shape}.")
-  return -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+  num_classes = logits.shape[-1]
+  valid = (labels >= 0) & (labels < num_classes)
+  picked = jnp.take_along_axis(logp, jnp.clip(labels, 0, num_classes - 1)[
+      ..., None], axis=-1)[..., 0]
+  # Out-of-range labels: NaN loss and, through the product, NaN gradient.
+  return -picked * jnp.where(valid, 1.0, jnp.nan).astype(picked.dtype)
 
 
 def batch_loss(model: models_lib.Model, params: Params, x: jax.Array,
@@ -54,7 +70,18 @@ def batch_loss(model: models_lib.Model, params: Params, x: jax.Array,
 
   Returns:
     Scalar mean loss over the real examples (0 when there are none).
+
+  Raises:
+    ValueError: ``y`` or ``mask`` does not have one entry per image.
   """
+  if jnp.ndim(y) < 1 or y.shape[0] != x.shape[0]:
+    raise ValueError(f"y has {y.shape[0] if jnp.ndim(y) else 0} labels for "
+                     f"{x.shape[0]} images (x of shape {tuple(x.shape)}); "
+                     "y must be [B] (hard) or [B, K] (soft).")
+  if mask is not None and tuple(jnp.shape(mask)) != (x.shape[0],):
+    raise ValueError(f"mask must have shape [B] = ({x.shape[0]},) for "
+                     f"{x.shape[0]} images; got shape "
+                     f"{tuple(jnp.shape(mask))}.")
   losses = cross_entropy(model.apply(params, x), y)
   if mask is None:
     return jnp.mean(losses)

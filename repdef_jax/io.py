@@ -63,7 +63,12 @@ def write_json(path: str, obj: Any) -> None:
   non-finite floats are written as JSON's ``NaN`` / ``Infinity`` tokens, which
   Python's ``json`` reads back.
   """
-  write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+  with _atomic_path(path) as tmp:
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(obj, f, indent=2, default=_json_default)
+      f.write("\n")
+      f.flush()
+      os.fsync(f.fileno())
 
 
 def read_json(path: str, default: Any = None) -> Any:

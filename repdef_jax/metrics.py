@@ -37,6 +37,21 @@ def _as4d(x):
   return x[None] if x.ndim == 3 else x
 
 
+def _check_same_shape(x_rec: Any, x_true: Any) -> tuple[np.ndarray,
+                                                          np.ndarray]:
+  """Both as ``[B, H, W, C]`` float64; ValueError when their shapes differ.
+
+  Guards against NumPy broadcasting (e.g. one reconstruction against three
+  true images) silently producing a per-image metric.
+  """
+  x_rec, x_true = _as4d(x_rec), _as4d(x_true)
+  if x_rec.shape != x_true.shape:
+    raise ValueError(f"x_rec {x_rec.shape} and x_true {x_true.shape} differ "
+                     "in shape; both must be [B, H, W, C] (or one image "
+                     "[H, W, C]) of the same shape.")
+  return x_rec, x_true
+
+
 def _sanitize(x):
   """NaN -> 0.5, +-inf -> 1 / 0, then clamp to [0, 1]."""
   x = np.nan_to_num(np.asarray(x, np.float64), nan=0.5, posinf=1.0, neginf=0.0)
@@ -53,7 +68,7 @@ def mse_raw(x_rec: Any, x_true: Any) -> np.ndarray:
   Returns:
     ``[B]`` float64.
   """
-  x_rec, x_true = _as4d(x_rec), _as4d(x_true)
+  x_rec, x_true = _check_same_shape(x_rec, x_true)
   with np.errstate(over="ignore", invalid="ignore"):
     err = np.mean((x_rec - x_true) ** 2, axis=(1, 2, 3))
   return np.where(np.isfinite(err), err, np.inf)
@@ -61,7 +76,8 @@ def mse_raw(x_rec: Any, x_true: Any) -> np.ndarray:
 
 def mse_clamped(x_rec: Any, x_true: Any) -> np.ndarray:
   """Per-image MSE after clamping both images to [0, 1]; ``[B]``."""
-  x_rec, x_true = _sanitize(_as4d(x_rec)), _sanitize(_as4d(x_true))
+  x_rec, x_true = _check_same_shape(x_rec, x_true)
+  x_rec, x_true = _sanitize(x_rec), _sanitize(x_true)
   return np.mean((x_rec - x_true) ** 2, axis=(1, 2, 3))
 
 
@@ -70,16 +86,18 @@ def psnr(x_rec: Any, x_true: Any) -> np.ndarray:
 
   Identical images give +inf.
   """
-  a = jnp.asarray(_sanitize(_as4d(x_rec)), jnp.float32)
-  b = jnp.asarray(_sanitize(_as4d(x_true)), jnp.float32)
+  x_rec, x_true = _check_same_shape(x_rec, x_true)
+  a = jnp.asarray(_sanitize(x_rec), jnp.float32)
+  b = jnp.asarray(_sanitize(x_true), jnp.float32)
   out = np.asarray(pix.psnr(a, b), np.float64)
   return np.where(np.isnan(out), np.inf, out)
 
 
 def ssim(x_rec: Any, x_true: Any) -> np.ndarray:
   """Per-image SSIM (``dm_pix.ssim``, max value 1) on clamped images; ``[B]``."""
-  a = jnp.asarray(_sanitize(_as4d(x_rec)), jnp.float32)
-  b = jnp.asarray(_sanitize(_as4d(x_true)), jnp.float32)
+  x_rec, x_true = _check_same_shape(x_rec, x_true)
+  a = jnp.asarray(_sanitize(x_rec), jnp.float32)
+  b = jnp.asarray(_sanitize(x_true), jnp.float32)
   return np.asarray(pix.ssim(a, b, max_val=1.0), np.float64)
 
 
@@ -114,9 +132,17 @@ def match_images(x_rec: Any, x_true: Any) -> np.ndarray:
 
 
 def representation_correlation(r_est: Any, r_true: Any) -> float:
-  """Pearson correlation of two flattened representations (nan if constant)."""
+  """Pearson correlation of two flattened representations (nan if constant).
+
+  Raises:
+    ValueError: ``r_est`` and ``r_true`` differ in size.
+  """
   a = np.asarray(r_est, np.float64).reshape(-1)
   b = np.asarray(r_true, np.float64).reshape(-1)
+  if a.size != b.size:
+    raise ValueError(f"r_est ({a.size} values, shape "
+                     f"{np.shape(r_est)}) and r_true ({b.size} values, shape "
+                     f"{np.shape(r_true)}) must have the same size.")
   a, b = a - a.mean(), b - b.mean()
   den = np.sqrt(np.sum(a * a) * np.sum(b * b))
   return float(np.sum(a * b) / den) if den > 0 else float("nan")
@@ -142,9 +168,7 @@ def reconstruction_metrics(x_rec: Any, x_true: Any, *,
   if pixel_space != PIXEL_SPACE:
     raise ValueError(f"clamped metrics need images in {PIXEL_SPACE}; got "
                      f"pixel_space={pixel_space!r}. Map them back first.")
-  x_rec, x_true = _as4d(x_rec), _as4d(x_true)
-  if x_rec.shape != x_true.shape:
-    raise ValueError(f"x_rec {x_rec.shape} and x_true {x_true.shape} differ.")
+  x_rec, x_true = _check_same_shape(x_rec, x_true)
   perm = match_images(x_rec, x_true) if (match and len(x_rec) > 1) else \
       np.arange(len(x_rec))
   x_rec = x_rec[perm]

@@ -370,12 +370,22 @@ class Model:
     return self.module.init(rng, x)["params"]
 
   def check_input(self, x, name: str = "x") -> None:
-    """Raises a ValueError when ``x`` is not a batch of this model's images."""
+    """Raises when ``x`` is not a batch of this model's images.
+
+    Raises:
+      ValueError: wrong rank or image shape.
+      TypeError: non-floating dtype (e.g. int32 or uint8: convert with
+        :func:`repdef_jax.data.to_float` first).
+    """
     if x.ndim != 4 or tuple(x.shape[1:]) != tuple(self.input_shape):
       raise ValueError(
           f"{name} must be a batch of images of shape [B, "
           f"{', '.join(map(str, self.input_shape))}] for model {self.name!r}; "
           f"got shape {tuple(x.shape)}.")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      raise TypeError(
+          f"{name} must be floating point images (float16/bfloat16/float32/"
+          f"float64, e.g. in [0, 1]); got dtype {x.dtype}.")
 
   def apply(self, params: Params, x: jax.Array) -> jax.Array:
     """Logits ``[B, num_classes]`` of a batch ``x`` ``[B, H, W, C]``."""

@@ -221,8 +221,9 @@ def pack(images: np.ndarray, labels: np.ndarray,
     The packed :class:`ClientData`.
 
   Raises:
-    ValueError: if there are no clients, the inputs disagree in length, or a
-      client has more than ``max_examples`` examples.
+    ValueError: if there are no clients, the inputs disagree in length, a
+      client has more than ``max_examples`` examples, or an index is
+      negative or not below ``len(images)``.
   """
   images = np.asarray(images)
   labels = np.asarray(labels)
@@ -246,6 +247,12 @@ def pack(images: np.ndarray, labels: np.ndarray,
   mask = np.zeros((num_clients, max_examples), np.float32)
   for client, idx in enumerate(client_indices):
     idx = np.asarray(idx, np.int64)
+    bad = idx[(idx < 0) | (idx >= len(images))]
+    if bad.size:
+      raise ValueError(
+          f"client_indices[{client}] holds index {int(bad[0])}, outside "
+          f"[0, {len(images)}) for {len(images)} images (negative indices "
+          "are not allowed).")
     x[client, :len(idx)] = images[idx]
     y[client, :len(idx)] = labels[idx]
     mask[client, :len(idx)] = 1.0

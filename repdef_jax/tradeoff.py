@@ -237,7 +237,9 @@ def _train_cell(config, dataset, defense, strength, run_dir) -> dict:
          "accuracy": float(last["test_accuracy"]),
          "test_loss": float(last.get("test_loss", float("nan"))),
          "rounds": int(last["round"]),
-         "accuracy_curve": [float(r["test_accuracy"]) for r in recs]}
+         "accuracy_curve": [float(r["test_accuracy"]) for r in recs],
+         # Non-finite loss/params: training stopped there (None: finished).
+         "diverged_at_round": result.get("diverged_at_round")}
   for k, v in last.items():
     if k.startswith("defense/"):
       out[k] = float(v)

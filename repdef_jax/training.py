@@ -301,7 +301,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     workdir: output folder (created if needed).
 
   Returns:
-    ``{'state': ServerState, 'metrics': [per-round dicts]}``.
+    ``{'state': ServerState, 'metrics': [per-round dicts],
+    'diverged_at_round': int or None}``. Every metrics line has ``finite``:
+    the round's train loss and all parameters are finite. At the first
+    non-finite round the run logs a warning, writes that round's line, saves
+    no checkpoint (the last finite one is kept) and stops;
+    ``diverged_at_round`` is that round (None when training finished).
+    ``state`` is then the non-finite state of that round.
 
   Raises:
     ValueError: invalid settings, a partition the dataset cannot satisfy, or
@@ -348,16 +354,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
               " (resumed)" if start else "")
   t_start = t0 = time.time()
   done_here = 0
+  diverged_at = None
   for r in range(start, config.rounds):
     state, metrics = round_fn(state, data, keys, test=test)
     metrics = jax.device_get(metrics)
+    finite = bool(np.isfinite(metrics["train_loss"])) and all(
+        bool(np.all(np.isfinite(leaf))) for leaf in
+        jax.tree_util.tree_leaves(jax.device_get(state.params)))
     record = {"round": r + 1}
     for k, v in metrics.items():
       if k in ("client_ids", "weights"):
         record[k] = np.asarray(v).tolist()
       else:
         record[k] = float(v)
+    record["finite"] = finite
     _append_line(os.path.join(workdir, METRICS_FILE), record)
+    if not finite:
+      diverged_at = r + 1
+      msg = (f"round {r + 1}: non-finite loss or parameters; stopping "
+             "(last checkpoint kept).")
+      logger.warning(msg)
+      print(msg, flush=True)
+      break
     done_here += 1
     if done_here == 1:
       t0 = time.time()  # Rates exclude the first round (compilation).
@@ -375,4 +393,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   records = read_metrics(workdir)
   if config.plot and records:
     plot_metrics(records, os.path.join(workdir, PLOT_FILE))
-  return {"state": state, "metrics": records}
+  return {"state": state, "metrics": records,
+          "diverged_at_round": diverged_at}

@@ -217,11 +217,7 @@ CASES = [
     Case("Model.apply: int32 images",
          lambda e: e["model"].apply(e["params"],
                                     jnp.zeros((1, 8, 8, 1), jnp.int32)),
-         error=(TypeError, ValueError), match="x must be floating",
-         gap="models.Model.check_input: add `if not jnp.issubdtype(x.dtype, "
-         "jnp.floating): raise TypeError(f'{name} must be floating point "
-         "images, got dtype {x.dtype}')` (today: lax 'requires arguments to "
-         "have the same dtypes')"),
+         error=(TypeError, ValueError), match="x must be floating"),
     # ---- gradients ------------------------------------------------------
     Case("gradients.cross_entropy: float hard labels",
          lambda e: gradients.cross_entropy(jnp.zeros((2, 4)), jnp.zeros((2,))),
@@ -229,17 +225,12 @@ CASES = [
     Case("gradients.cross_entropy: soft labels with wrong K",
          lambda e: gradients.cross_entropy(jnp.zeros((2, 4)),
                                            jnp.zeros((2, 3))),
-         error=(TypeError, ValueError), match="labels",
-         gap="gradients.cross_entropy: when labels.ndim == logits.ndim check "
-         "labels.shape == logits.shape, raise ValueError naming labels"),
+         error=(TypeError, ValueError), match="labels"),
     Case("gradients.batch_grad: y of wrong length",
          lambda e: gradients.batch_grad(e["model"], e["params"],
                                         jnp.ones((2, 8, 8, 1)),
                                         jnp.array([1, 2, 3])),
-         match="y has",
-         gap="gradients.batch_loss: check y.shape[0] == x.shape[0] (and "
-         "mask) and raise ValueError('y has N labels for B images'); today "
-         "'Incompatible shapes for broadcasting'"),
+         match="y has"),
     Case("gradients.per_example_grads: y of wrong length",
          lambda e: gradients.per_example_grads(e["model"], e["params"],
                                                jnp.ones((2, 8, 8, 1)),
@@ -248,11 +239,7 @@ CASES = [
     Case("gradients.batch_grad: label >= num_classes",
          lambda e: gradients.batch_grad(e["model"], e["params"], e["x"],
                                         jnp.array([7])),
-         error=None, check=_check_not_silently_finite,
-         gap="gradients.cross_entropy: use jnp.take_along_axis(..., "
-         "mode='fill', fill_value=jnp.nan) so an out-of-range label gives a "
-         "NaN loss (caught by check_finite) instead of a silent finite "
-         "gradient"),
+         error=None, check=_check_not_silently_finite),
     Case("gradients.check_grads_match: missing layer",
          lambda e: gradients.check_grads_match(e["params"],
                                                {"head": e["grads"]["head"]}),
@@ -329,11 +316,7 @@ CASES = [
                  e["grads"], defenses.ClientBatch(e["params"],
                                                   e["x"] * jnp.nan, e["y"]),
                  KEY),
-         error=None, check=_check_nonfinite_input_flagged,
-         gap="soteria.soteria.apply: NaN scores make the percentile NaN and "
-         "every feature is pruned silently (pruned_fraction=1). Add an info "
-         "key 'nonfinite_input' = ~jnp.all(jnp.isfinite(batch.x)) (jittable) "
-         "and, in host callers, gradients.check_finite(batch.x, 'x')"),
+         error=None, check=_check_nonfinite_input_flagged),
     Case("dp_gaussian.apply: NaN gradient",
          lambda e: jax.jit(defenses.get_defense("dp_gaussian", 0.1).apply)(
              _nan_like(e["grads"]), None, KEY),
@@ -382,14 +365,9 @@ CASES = [
          lambda e: _attack(e, optimizer="sgd", outer_steps=1, inner_steps=1),
          match="optimizer must be 'torch' or 'optax'"),
     Case("attack: outer_steps 0", lambda e: _attack(e, outer_steps=0),
-         error=(ValueError,), match="outer_steps",
-         gap="attacks.dlg.dlg: validate config (outer_steps >= 1, "
-         "inner_steps >= 1, memory_size >= 1, learning_rate > 0) before "
-         "_dlg_jit; today IndexError from lax indexing"),
+         error=(ValueError,), match="outer_steps"),
     Case("attack: outer_steps -1", lambda e: _attack(e, outer_steps=-1),
-         error=(ValueError,), match="outer_steps",
-         gap="attacks.dlg.dlg: same check (today TypeError "
-         "'broadcast_in_dim shape must have every element be nonnegative')"),
+         error=(ValueError,), match="outer_steps"),
     Case("attack: integer instead of a PRNG key",
          lambda e: attacks.get_attack("dlg")(e["model"], e["params"],
                                             e["grads"], 1, 0, outer_steps=1),
@@ -405,11 +383,7 @@ CASES = [
     Case("gs: lower > upper",
          lambda e: _attack(e, "gs", lower=1.0, upper=0.0, iterations=1,
                            restarts=1),
-         match="lower",
-         gap="attacks.inverting.inverting_gradients: check "
-         "np.all(np.asarray(lower) < np.asarray(upper)) and raise "
-         "ValueError('lower must be < upper'); today a silent all-constant "
-         "image"),
+         match="lower"),
     Case("dlg: diverging attack", _diverged_dlg, error=None,
          check=_check_diverged),
     # ---- metrics --------------------------------------------------------
@@ -439,18 +413,11 @@ CASES = [
     Case("metrics.mse_raw: batch 1 vs 3 (broadcast)",
          lambda e: metrics.mse_raw(np.zeros((1, 4, 4, 1)),
                                    np.ones((3, 4, 4, 1))),
-         match="x_rec",
-         gap="metrics.mse_raw / mse_clamped / psnr / ssim: add a shared "
-         "_check_same_shape(x_rec, x_true) raising ValueError('x_rec ... and "
-         "x_true ... differ in shape'); today mse_raw silently broadcasts "
-         "[1] against [3] images"),
+         match="x_rec"),
     Case("metrics.representation_correlation: size mismatch",
          lambda e: metrics.representation_correlation(np.arange(3.0),
                                                       np.arange(4.0)),
-         match="r_est",
-         gap="metrics.representation_correlation: check a.size == b.size and "
-         "raise ValueError naming r_est / r_true (today numpy broadcast "
-         "error, or nan when one is constant)"),
+         match="r_est"),
     # ---- data -----------------------------------------------------------
     Case("data.get_info: unknown dataset", lambda e: data.get_info("imagenet"),
          match="Unknown dataset name='imagenet'; expected one of"),
@@ -524,16 +491,11 @@ CASES = [
     Case("partition.pack: index out of range",
          lambda e: partition.pack(np.zeros((2, 4, 4, 1)), np.zeros(2, int),
                                   [np.array([5])]),
-         error=(ValueError,), match="client_indices",
-         gap="partition.pack: check 0 <= idx < len(images) per client and "
-         "raise ValueError(f'client_indices[{client}] ...'); today a numpy "
-         "IndexError, and a negative index silently wraps around"),
+         error=(ValueError,), match="client_indices"),
     Case("partition.pack: negative index",
          lambda e: partition.pack(np.zeros((2, 4, 4, 1)), np.zeros(2, int),
                                   [np.array([-1])]),
-         error=(ValueError,), match="client_indices",
-         gap="partition.pack: same range check (today silently takes the "
-         "last image)"),
+         error=(ValueError,), match="client_indices"),
     Case("partition.pad_clients: fewer clients than present",
          lambda e: partition.pad_clients(partition.pack(
              np.zeros((2, 4, 4, 1)), np.zeros(2, int), [np.array([0])]), 0),
@@ -563,13 +525,10 @@ CASES = [
                    ("l2", -1.0), ("client_chunk", -1)]],
     Case("fedavg.FedAvgConfig: client_lr -1",
          lambda e: fedavg.FedAvgConfig(client_lr=-1.0).validate(),
-         match="client_lr",
-         gap="fedavg.FedAvgConfig.validate: if not callable(client_lr), "
-         "require math.isfinite(client_lr) and client_lr > 0 (today accepted "
-         "silently; training ascends)"),
+         match="client_lr"),
     Case("fedavg.FedAvgConfig: client_lr NaN",
          lambda e: fedavg.FedAvgConfig(client_lr=float("nan")).validate(),
-         match="client_lr", gap="fedavg.FedAvgConfig.validate: same check"),
+         match="client_lr"),
     Case("fedavg.check_setup: every client empty",
          lambda e: fedavg.check_setup(fedavg.FedAvgConfig(),
                                       e["empty_clients"]),
@@ -637,10 +596,7 @@ CASES = [
     Case("experiments.attack.run: soteria strength 150",
          lambda e: _attack_run(e["tmp"], defense="soteria", strength=150,
                                data_dir="/nonexistent/tfds"),
-         error=(ValueError, FileNotFoundError), match="percent",
-         gap="experiments/attack.py validate_config: build the defense (or "
-         "call defenses.get_defense) before data.load so a bad strength is "
-         "reported before a missing data directory"),
+         error=(ValueError, FileNotFoundError), match="percent"),
     Case("experiments.attack.run: missing data directory",
          lambda e: _attack_run(e["tmp"], data_dir="/nonexistent/tfds"),
          error=FileNotFoundError, match="data_dir"),

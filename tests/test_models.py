@@ -19,16 +19,24 @@ def test_lenet_cifar_has_19438_parameters():
 @pytest.mark.parametrize("dataset", sorted(SHAPES))
 def test_output_and_representation_shapes(name, dataset):
   model = models.get_model(name, SHAPES[dataset], 10)
-  params = model.init(jax.random.key(0))
-  x = jnp.zeros((2, *SHAPES[dataset]))
-  assert model.apply(params, x).shape == (2, 10)
-  r = model.features(params, x)
-  assert r.shape == (2, model.num_features)
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  x = jax.ShapeDtypeStruct((2, *SHAPES[dataset]), jnp.float32)
+  assert jax.eval_shape(model.apply, params, x).shape == (2, 10)
+  assert jax.eval_shape(model.features, params, x).shape == (
+      2, model.num_features)
   head = models.defended_params(model, params)
   assert head["kernel"].shape == (model.num_features, 10)
-  # The logits are exactly the defended layer applied to r.
+
+
+@pytest.mark.parametrize("name", ["lenet", "lenet5", "mlp", "logreg"])
+def test_logits_are_the_defended_layer_applied_to_r(name):
+  model = models.get_model(name, (28, 28, 1), 10)
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (2, 28, 28, 1))
+  head = models.defended_params(model, params)
   np.testing.assert_allclose(
-      model.apply(params, x), r @ head["kernel"] + head["bias"], atol=1e-5)
+      model.apply(params, x),
+      model.features(params, x) @ head["kernel"] + head["bias"], atol=1e-5)
 
 
 def test_known_representation_sizes():
@@ -47,19 +55,26 @@ def test_uniform_init_is_in_range():
   assert allv.min() >= -0.5 and allv.max() <= 0.5 and allv.std() > 0.25
 
 
-@pytest.mark.parametrize("name", ["lenet", "convnet64", "lenet5", "leakage"])
+@pytest.mark.parametrize("name,kwargs", [("lenet", {}), ("lenet5", {}),
+                                         ("convnet64", {"width": 4})])
 @pytest.mark.parametrize("impl", ["patches", "s2d"])
-def test_conv_formulations_equal_xla_conv(name, impl):
-  m1 = models.get_model(name, (32, 32, 3), conv_impl="xla")
-  m2 = models.get_model(name, (32, 32, 3), conv_impl=impl)
+def test_conv_formulations_equal_xla_conv(name, kwargs, impl):
+  m1 = models.get_model(name, (32, 32, 3), conv_impl="xla", **kwargs)
+  m2 = m1.with_conv_impl(impl)
   params = m1.init(jax.random.key(0))
   x = jax.random.uniform(jax.random.key(1), (3, 32, 32, 3))
-  np.testing.assert_allclose(m1.apply(params, x), m2.apply(params, x),
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(jax.jit(m1.apply)(params, x),
+                             jax.jit(m2.apply)(params, x), rtol=1e-4, atol=1e-5)
+  # Gradients too (the formulations differ most in their backward pass).
+  f = lambda m: jax.jit(jax.grad(lambda p, x: jnp.sum(m.apply(p, x) ** 2),
+                                 (0, 1)))(params, x)
+  jax.tree_util.tree_map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5),
+      f(m1), f(m2))
 
 
 def test_examples_are_independent():
-  model = models.get_model("convnet64", (32, 32, 3))
+  model = models.get_model("convnet64", (32, 32, 3), width=8)
   params = model.init(jax.random.key(0))
   x = jax.random.uniform(jax.random.key(1), (4, 32, 32, 3))
   batched = model.apply(params, x)

@@ -182,7 +182,9 @@ def test_defense_end_to_end_jit_equals_eager(score, selection):
   np.testing.assert_allclose(info["pruned_fraction"],
                              np.mean(np.asarray(keep) == 0))
   assert set(info) == {"pruned_fraction", "effective_pruned_fraction",
-                       "pruned_fraction_of_active", "active_fraction"}
+                       "pruned_fraction_of_active", "active_fraction",
+                       "nonfinite_input"}
+  assert float(info["nonfinite_input"]) == 0.0
   assert info2["pruned_fraction"] == info["pruned_fraction"]
 
 

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import numbers
 from typing import Any
 
 import jax
@@ -91,6 +93,24 @@ class DLGConfig:
   optimizer: str = "torch"
 
 
+def check_config(config: DLGConfig) -> None:
+  """Raises a ValueError naming the field when ``config`` cannot run.
+
+  Host-side, before the jitted loop: ``outer_steps``, ``inner_steps`` and
+  ``memory_size`` must be integers >= 1, ``learning_rate`` a finite number
+  > 0.
+  """
+  for name in ("outer_steps", "inner_steps", "memory_size"):
+    v = getattr(config, name)
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+      raise ValueError(f"{name} must be an integer >= 1; got {v!r}.")
+  lr = config.learning_rate
+  if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (
+      math.isfinite(lr) and lr > 0):
+    raise ValueError(f"learning_rate must be a finite number > 0; got "
+                     f"{lr!r}.")
+
+
 def dlg(model: models_lib.Model, params: Params, shared_grads: Params,
         num_images: int, key: jax.Array, *, labels: Any = None,
         config: DLGConfig | None = None) -> base.AttackResult:
@@ -110,10 +130,11 @@ def dlg(model: models_lib.Model, params: Params, shared_grads: Params,
     An :class:`~repdef_jax.attacks.base.AttackResult` (device arrays).
 
   Raises:
-    ValueError: shared_grads does not match params or is not finite, or
-      the model cannot take the images.
+    ValueError: shared_grads does not match params or is not finite, the
+      model cannot take the images, or a bad config (:func:`check_config`).
   """
   config = config or DLGConfig()
+  check_config(config)
   labels = base.validate_inputs(model, params, shared_grads, num_images,
                                 labels)
   mode = "given" if labels is not None else (

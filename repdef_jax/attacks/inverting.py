@@ -40,6 +40,7 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from repdef_jax import gradients as gradients_lib
@@ -120,7 +121,8 @@ def inverting_gradients(model: models_lib.Model, params: Params,
 
   Raises:
     ValueError: bad inputs (see :func:`base.validate_inputs`), no labels
-      with ``infer_label=False``, or a box of the wrong size.
+      with ``infer_label=False``, a box of the wrong size, or
+      ``lower >= upper`` in some channel.
   """
   config = config or GSConfig()
   labels = base.validate_inputs(model, params, shared_grads, num_images,
@@ -131,6 +133,11 @@ def inverting_gradients(model: models_lib.Model, params: Params,
     if isinstance(v, tuple) and len(v) != c:
       raise ValueError(f"{name} has {len(v)} values; the model's images have "
                        f"{c} channels.")
+  lo = np.broadcast_to(np.asarray(config.lower, np.float64), (c,))
+  hi = np.broadcast_to(np.asarray(config.upper, np.float64), (c,))
+  if not np.all(lo < hi):
+    raise ValueError(f"lower must be < upper in every channel; got "
+                     f"lower={config.lower!r}, upper={config.upper!r}.")
   if labels is None:
     if not config.infer_label:
       raise ValueError("labels are required when infer_label=False.")

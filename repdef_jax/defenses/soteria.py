@@ -63,6 +63,10 @@ Reported diagnostics (``info`` of the :class:`~repdef_jax.defenses.base.Defense`
   active features ``#{i: r_bi != 0 for some real b}`` (0 when none), the
   number NOTES.md quotes ("at 60 % only 12-20 % of the non-zero features").
 * ``active_fraction``: active features / F.
+* ``nonfinite_input``: 1.0 when any real example's image (mask > 0) holds
+  NaN or inf, else 0.0. Such an image makes the scores NaN, so the mask is
+  meaningless (typically every feature pruned); host callers should treat
+  1.0 as an error (e.g. ``gradients.check_finite(batch.x, 'x')``).
 
 Departures from the paper / reference code (all opt-in except the first):
 
@@ -509,7 +513,8 @@ def soteria(model: models_lib.Model,
   Returns:
     A Defense named 'soteria' with info keys ``pruned_fraction``,
     ``effective_pruned_fraction``, ``pruned_fraction_of_active``,
-    ``active_fraction`` (for q0).
+    ``active_fraction`` (for q0), and ``nonfinite_input`` (1.0 when a real
+    example's image holds NaN or inf, else 0.0; always present).
 
   Raises:
     ValueError: bad arguments, or a model without a defended linear layer.
@@ -545,6 +550,12 @@ def soteria(model: models_lib.Model,
                              weights=weights, active=active,
                              selection=selection)
     row_scale, info = perturb(ctx, percent)
+    # A NaN/inf image makes the scores NaN and silently prunes every feature:
+    # flag it (jittable; host callers should raise on it).
+    bad = ~jnp.all(jnp.isfinite(batch.x.reshape(batch.x.shape[0], -1)),
+                   axis=1)
+    info = {**info, "nonfinite_input": jnp.any(bad & (weights > 0)).astype(
+        jnp.float32)}
     grads = apply_row_scale(grads, row_scale, model, protect_bias=protect_bias)
     return grads, info
 
