@@ -89,7 +89,7 @@ SETTINGS = {
     },
     "full": {
         "gradients": dict(model_names=("lenet", "convnet64"),
-                          batch_sizes=(8, 32), repeats=5),
+                          batch_sizes=(8,), repeats=3),
         "defense": dict(model_names=("lenet", "convnet64"), batches=(1, 8),
                         repeats=3, max_features=768, verbose=False),
         "attack": dict(outer_steps=300, inner_steps=20, gs_iterations=200,

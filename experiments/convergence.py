@@ -9,7 +9,7 @@ Departure from the paper: it varies local *steps* of batch 10 (the paper
 varies local epochs); set ``base.local_epochs`` to vary epochs instead.
 
   python -m experiments.convergence --config=experiments/configs/convergence.py \
-      --workdir=/tmp/convergence --data_dir=/work/shared/tfds
+      --workdir=/tmp/convergence --data_dir=$TFDS_DATA_DIR
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Entry point: resumable (defended) FedAvg. The logic is in repdef_jax.training.
 
   python -m experiments.fedavg --config=experiments/configs/fedavg.py \
-      --workdir=/tmp/fedavg --data_dir=/work/shared/tfds \
+      --workdir=/tmp/fedavg --data_dir=$TFDS_DATA_DIR \
       --config.defense=soteria --config.defense_strength=80
 
 This file is intentionally kept short (flax examples style): see

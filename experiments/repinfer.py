@@ -22,7 +22,7 @@ Two parts, both attacking what an honest-but-curious server sees:
 
 Writes ``workdir/repinfer.json`` and ``workdir/repinfer.png`` atomically.
 
-  TFDS_DATA_DIR=/work/shared/tfds python -m experiments.repinfer \\
+  TFDS_DATA_DIR=/path/to/tfds python -m experiments.repinfer \\
       --workdir=/tmp/repinfer
 
 Overrides: ``--config.rounds=5 --config.local_epochs=2 --config.M=20``.

@@ -1,7 +1,7 @@
 r"""One command reproduces every result of the paper and writes REPORT.md.
 
   python -m experiments.reproduce --preset=quick --workdir=/tmp/repro \
-      --data_dir=/work/shared/tfds
+      --data_dir=$TFDS_DATA_DIR
 
 Runs every part (trade-off, visual comparison, representation leakage,
 convergence, certified bound, adaptive attacks) as its own entry point in its

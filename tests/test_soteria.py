@@ -49,6 +49,17 @@ def test_feature_scores_matches_naive_vjp_loop(name, shape, kw, jacobian):
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=1e-5)
 
 
+def test_chunked_jacobian_equals_full_jacobian():
+  model, params, x, _ = _setup("lenet", (8, 8, 3), b=3)
+  fn = model.feature_fn(params)
+  r, jac = S.features_and_jacobian(fn, x)
+  for chunk in (5, 7, 1000):  # 5 and 7 do not divide F = 48 / pad the basis.
+    r_c, jac_c = jax.jit(lambda x, c=chunk: S.features_and_jacobian(
+        fn, x, chunk=c))(x)
+    np.testing.assert_allclose(r_c, r, rtol=1e-6)
+    np.testing.assert_allclose(jac_c, jac, rtol=1e-5, atol=1e-7)
+
+
 def test_exact_score_closed_form_on_linear_map():
   rng = np.random.default_rng(0)
   for f_dim, d in [(5, 12), (12, 5)]:  # F < D and F > D (pinv columns).

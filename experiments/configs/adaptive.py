@@ -7,7 +7,7 @@ FedAvg, for the reference rule, selection='count' and score='exact'. Run
 from the repository root:
 
   python -m experiments.adaptive --config=experiments/configs/adaptive.py:quick \
-      --workdir=/tmp/adaptive_quick --data_dir=/work/shared/tfds
+      --workdir=/tmp/adaptive_quick --data_dir=$TFDS_DATA_DIR
 
 Writes ``adaptive.json`` (every cell with its verdict: the defense "holds"
 when the mean SSIM is <= 0.2) and ``adaptive.png`` (SSIM vs rate). What it

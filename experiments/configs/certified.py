@@ -7,7 +7,7 @@ rate it plots the bound beside ||X - X'||_2 of DLG and GS reconstructions
 from the defended gradient. Run from the repository root:
 
   python -m experiments.certified --config=experiments/configs/certified.py:quick \
-      --workdir=/tmp/certified_quick --data_dir=/work/shared/tfds
+      --workdir=/tmp/certified_quick --data_dir=$TFDS_DATA_DIR
 
 Writes ``certified.json`` and ``certified.png``. What it should show: the
 bound grows with the pruning rate and is 0 at rate 0; the attacks'

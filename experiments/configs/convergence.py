@@ -7,21 +7,23 @@ and the sampled devices K, each with and without Soteria at every local step.
 Plots the global objective F(w) vs round. Run from the repository root:
 
   python -m experiments.convergence --config=experiments/configs/convergence.py \
-      --workdir=/tmp/convergence --data_dir=/work/shared/tfds
+      --workdir=/tmp/convergence --data_dir=$TFDS_DATA_DIR
 
 Quick preset (5 rounds, two settings; a smoke test):
 
   python -m experiments.convergence \
       --config=experiments/configs/convergence.py:quick \
-      --workdir=/tmp/convergence_quick --data_dir=/work/shared/tfds
+      --workdir=/tmp/convergence_quick --data_dir=$TFDS_DATA_DIR
 
 Caveat found with the quick preset: for logistic regression the
 representation is the image itself, and the reference score 1 / (x_i + 0.1)
 ranks the all-zero pixels (about 80 % of MNIST) highest, so any percent above
 about 20 prunes every non-zero pixel's row: the defended model then learns
-nothing but its bias (global loss stays at ln 10). The exact score
-(--config.base.soteria_score=exact, |x_i| times the Jacobian term) prunes
-zero pixels first instead.
+nothing but its bias (global loss stays at ln 10). No q = 0 variant avoids
+this: the exact score and selection='count' also keep the zero pixels and
+prune the bright ones, because for this model the representation Soteria
+hides is the input itself. Lower --config.base.defense_strength to see the
+defended curve move.
 
 Theorem 2's schedule instead of a constant lr: add
 --config.base.lr_schedule=theorem2 (mu = l2; L = max ||x||^2 / 2 + l2 is

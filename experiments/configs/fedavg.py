@@ -5,13 +5,13 @@ replacement (p_k = n_k / n), uniform averaging, 200 rounds, logistic
 regression, 5 local steps of batch 10. Run from the repository root:
 
   python -m experiments.fedavg --config=experiments/configs/fedavg.py \
-      --workdir=/tmp/fedavg_mnist --data_dir=/work/shared/tfds
+      --workdir=/tmp/fedavg_mnist --data_dir=$TFDS_DATA_DIR
 
 With the Soteria defense at every local step (80 % of the head's inputs
 pruned):
 
   python -m experiments.fedavg --config=experiments/configs/fedavg.py \
-      --workdir=/tmp/fedavg_mnist_soteria --data_dir=/work/shared/tfds \
+      --workdir=/tmp/fedavg_mnist_soteria --data_dir=$TFDS_DATA_DIR \
       --config.defense=soteria --config.defense_strength=80
 
 Killed and restarted with the same command it resumes from the last

@@ -6,10 +6,10 @@ defended FedAvg vs reconstruction MSE of the attack on a client's shared
 one-image gradient at the initial global model. Run from the repository root:
 
   python -m experiments.tradeoff --config=experiments/configs/tradeoff.py:quick \
-      --workdir=/tmp/tradeoff_quick --data_dir=/work/shared/tfds
+      --workdir=/tmp/tradeoff_quick --data_dir=$TFDS_DATA_DIR
 
   python -m experiments.tradeoff --config=experiments/configs/tradeoff.py:full \
-      --workdir=/tmp/tradeoff_full --data_dir=/work/shared/tfds
+      --workdir=/tmp/tradeoff_full --data_dir=$TFDS_DATA_DIR
 
 Writes ``tradeoff.json`` (every point, the MSE ratios Soteria / baseline at
 equal accuracy and each defense's accuracy drop at the unrecognisable

@@ -7,12 +7,15 @@ after pruning 80 % of every tensor. Same gradient, parameters and attack key
 for every row. Run from the repository root:
 
   python -m experiments.visual --config=experiments/configs/visual.py:quick \
-      --workdir=/tmp/visual_quick --data_dir=/work/shared/tfds
+      --workdir=/tmp/visual_quick --data_dir=$TFDS_DATA_DIR
 
 Writes ``visual.png`` (original, then one row per defense setting, titles:
-clamped MSE / SSIM) and ``visual.json``. Quick preset: LeNet (U(-0.5, 0.5))
-instead of the width-64 ConvNet and 300 GS iterations, so a CPU finishes in
-about a minute; full: ConvNet64, 4,000 iterations, 4 restarts.
+clamped MSE / SSIM) and ``visual.json``. Quick preset: DLG (labels given,
+100 outer L-BFGS steps x 20) on DLG's LeNet (U(-0.5, 0.5)) instead of GS on
+the width-64 ConvNet, because a CPU-sized GS run reconstructs nothing even
+without a defense (measured: SSIM < 0.1 after 300 iterations), whereas this
+DLG reconstructs the undefended images (SSIM 0.87-0.95) in about 90 s; full:
+GS on ConvNet64, 4,000 iterations, 4 restarts.
 """
 
 import ml_collections
@@ -39,8 +42,9 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   if preset == "quick":
     c.model = "lenet"
     c.model_init = "uniform"
+    c.attack = "dlg"
     c.num_images = 2
-    c.attack_iterations = 300
+    c.attack_iterations = 100
     c.restarts = 1
   elif preset == "tiny":
     c.model = "logreg"  # compiles in seconds

@@ -150,7 +150,9 @@ def _check_choice(value: str, choices: Sequence[str], name: str) -> None:
 def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
                           x: jax.Array,
                           *,
-                          jacobian: str = "rev") -> tuple[jax.Array, jax.Array]:
+                          jacobian: str = "rev",
+                          chunk: int | None = None
+                          ) -> tuple[jax.Array, jax.Array]:
   """Per-example representation and Jacobian, no loop over features.
 
   Args:
@@ -159,6 +161,11 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
     jacobian: 'rev' (vmap of one vjp over the identity basis of R^F, i.e.
       ``jax.jacrev``: F backward passes batched) or 'fwd' (D forward-mode
       passes batched, ``jax.jacfwd``).
+    chunk: with 'rev', bound memory by computing ``chunk`` rows of each
+      Jacobian at a time (``lax.map`` over chunks of the basis and over
+      images) instead of all ``B * F`` backward passes at once; same numbers.
+      ConvNet64 needs it (all 8 x 2,304 passes at once hold ~170 GiB of
+      activations' cotangents); None computes everything in one batch.
 
   Returns:
     ``(r [B, F], J [B, F, D])`` with D the size of one input.
@@ -173,16 +180,27 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
                      f"r of shape [F]; it returned shape {tuple(out.shape)}.")
   num_features = out.shape[0]
 
+  if chunk is not None and chunk < 1:
+    raise ValueError(f"chunk must be a positive int or None, got {chunk}.")
+  chunked = jacobian == "rev" and chunk is not None and chunk < num_features
+
   def one(xi):
     if jacobian == "rev":
       r, vjp = jax.vjp(features_fn, xi)
-      (jac,) = jax.vmap(vjp)(jnp.eye(num_features, dtype=r.dtype))
+      if not chunked:
+        (jac,) = jax.vmap(vjp)(jnp.eye(num_features, dtype=r.dtype))
+      else:
+        n = -(-num_features // chunk)
+        basis = jnp.eye(n * chunk, num_features, dtype=r.dtype)
+        jac = jax.lax.map(lambda e: jax.vmap(vjp)(e)[0],
+                          basis.reshape(n, chunk, num_features))
+        jac = jac.reshape(n * chunk, *xi.shape)[:num_features]
     else:
       r = features_fn(xi)
       jac = jax.jacfwd(features_fn)(xi)
     return r, jac.reshape(num_features, -1)
 
-  return jax.vmap(one)(x)
+  return jax.lax.map(one, x) if chunked else jax.vmap(one)(x)
 
 
 def _pinv_column_norms(jac: jax.Array) -> jax.Array:
@@ -487,7 +505,8 @@ def soteria(model: models_lib.Model,
             protect_bias: bool = False,
             q: Any = 0,
             jacobian: str = "rev",
-            jacobian_conv_impl: str | None = "s2d") -> base.Defense:
+            jacobian_conv_impl: str | None = "s2d",
+            jacobian_chunk: int | None = None) -> base.Defense:
   """The Soteria defense as a :class:`~repdef_jax.defenses.base.Defense`.
 
   One mask is computed from the whole client batch (scores summed over real
@@ -509,6 +528,8 @@ def soteria(model: models_lib.Model,
       (same parameters, same numbers up to float rounding; see
       :mod:`repdef_jax.models`); 's2d' makes the backward pass of strided
       convolutions several times faster on CPU. None keeps the model's own.
+    jacobian_chunk: rows of the Jacobian computed at a time (memory bound
+      for large models, see :func:`features_and_jacobian`); None = all.
 
   Returns:
     A Defense named 'soteria' with info keys ``pruned_fraction``,
@@ -541,7 +562,7 @@ def soteria(model: models_lib.Model,
     weights = (jnp.ones(batch.x.shape[:1], batch.x.dtype)
                if batch.mask is None else batch.mask.astype(batch.x.dtype))
     r, jac = features_and_jacobian(jac_model.feature_fn(batch.params), batch.x,
-                                   jacobian=jacobian)
+                                   jacobian=jacobian, chunk=jacobian_chunk)
     scores = scores_from_jacobian(r, jac, score=score, eps=eps,
                                   weights=weights)
     active = jnp.any((r != 0) & (weights[:, None] > 0), axis=0)
