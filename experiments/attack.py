@@ -5,7 +5,7 @@ Command (the README's first command)::
   python -m experiments.attack --workdir=./runs/attack
   # options: --dataset=mnist|cifar10 --model=lenet --attack=dlg|idlg|gs|
   #   dlg_drop|gs_drop|dlg_mask|gs_mask --defense=soteria|none|compression|...
-  #   --strength=60 --num_images=2 --seed=0 --iterations=N --data_dir=DIR
+  #   --strength=60 --num_images=3 --seed=0 --iterations=N --data_dir=DIR
 
 For each of ``num_images`` test images (drawn with the 'data' key stream) it
 computes the true gradient of one image at a fixed random initialisation
@@ -89,7 +89,7 @@ DEFAULT_CONFIG = {
     "attack": "dlg",
     "defense": "soteria",
     "strength": 60.0,
-    "num_images": 1,
+    "num_images": 3,
     "seed": 0,
     "iterations": None,
     "data_dir": None,
