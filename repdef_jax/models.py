@@ -158,12 +158,26 @@ def _space_to_depth_conv(x, kernel, stride, padding):
   return y[:, :ho, :wo]
 
 
+def _init_kwargs(scheme: str) -> dict[str, Callable]:
+  """Initialiser keyword arguments of a layer for an init scheme."""
+  if scheme == "uniform":
+    return dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+  return {}
+
+
+class _Classifier(nn.Module):
+  """Base of every model: logits are the layer ``head`` applied to r."""
+
+  def __call__(self, x):
+    return self.head(self.features(x))
+
+
 def _max_pool(x, size):
   """PyTorch-style MaxPool2d(size): stride = size, no padding, floor."""
   return nn.max_pool(x, (size, size), strides=(size, size), padding="VALID")
 
 
-class LeNet(nn.Module):
+class LeNet(_Classifier):
   """DLG's LeNet: four sigmoid convolutions with 12 channels, then linear."""
 
   num_classes: int = 10
@@ -171,9 +185,7 @@ class LeNet(nn.Module):
   conv_impl: str = "xla"
 
   def setup(self):
-    kw = {}
-    if self.init_scheme == "uniform":
-      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    kw = _init_kwargs(self.init_scheme)
     self.convs = [
         Conv2D(12, 5, strides=s, padding=2, impl=self.conv_impl, **kw,
                name=f"conv{i}")
@@ -186,11 +198,8 @@ class LeNet(nn.Module):
       x = nn.sigmoid(conv(x))
     return x.reshape(x.shape[0], -1)
 
-  def __call__(self, x):
-    return self.head(self.features(x))
 
-
-class ConvNet(nn.Module):
+class ConvNet(_Classifier):
   """Inverting Gradients' ConvNet (width 64 by default), batch norm left out."""
 
   num_classes: int = 10
@@ -201,9 +210,7 @@ class ConvNet(nn.Module):
   def setup(self):
     w = self.width
     chans = (w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w, 4 * w, 4 * w)
-    kw = {}
-    if self.init_scheme == "uniform":
-      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    kw = _init_kwargs(self.init_scheme)
     self.convs = [
         Conv2D(c, 3, padding=1, impl=self.conv_impl, **kw, name=f"conv{i}")
         for i, c in enumerate(chans)
@@ -217,11 +224,8 @@ class ConvNet(nn.Module):
         x = _max_pool(x, 3)
     return x.reshape(x.shape[0], -1)
 
-  def __call__(self, x):
-    return self.head(self.features(x))
 
-
-class LeNet5(nn.Module):
+class LeNet5(_Classifier):
   """Representation-inference CNN: conv 6, conv 16, FC 120, FC 84, FC 10."""
 
   num_classes: int = 10
@@ -230,9 +234,7 @@ class LeNet5(nn.Module):
   conv_impl: str = "xla"
 
   def setup(self):
-    kw = {}
-    if self.init_scheme == "uniform":
-      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    kw = _init_kwargs(self.init_scheme)
     self.conv0 = Conv2D(6, 5, impl=self.conv_impl, **kw)
     self.conv1 = Conv2D(16, 5, impl=self.conv_impl, **kw)
     self.fcs = [nn.Dense(h, name=f"fc{i}", **kw)
@@ -247,11 +249,8 @@ class LeNet5(nn.Module):
       x = nn.relu(fc(x))
     return x
 
-  def __call__(self, x):
-    return self.head(self.features(x))
 
-
-class Leakage(nn.Module):
+class Leakage(_Classifier):
   """Representation-leakage model: one sigmoid conv (12 channels) -> FC."""
 
   num_classes: int = 10
@@ -259,9 +258,7 @@ class Leakage(nn.Module):
   conv_impl: str = "xla"
 
   def setup(self):
-    kw = {}
-    if self.init_scheme == "uniform":
-      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    kw = _init_kwargs(self.init_scheme)
     self.conv0 = Conv2D(12, 5, padding=2, impl=self.conv_impl, **kw)
     self.head = nn.Dense(self.num_classes, name="head", **kw)
 
@@ -269,11 +266,8 @@ class Leakage(nn.Module):
     x = nn.sigmoid(self.conv0(x))
     return x.reshape(x.shape[0], -1)
 
-  def __call__(self, x):
-    return self.head(self.features(x))
 
-
-class MLP(nn.Module):
+class MLP(_Classifier):
   """Fully connected ReLU network."""
 
   num_classes: int = 10
@@ -282,9 +276,7 @@ class MLP(nn.Module):
   conv_impl: str = "xla"  # Unused; accepted so every model takes it.
 
   def setup(self):
-    kw = {}
-    if self.init_scheme == "uniform":
-      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
+    kw = _init_kwargs(self.init_scheme)
     self.fcs = [nn.Dense(h, name=f"fc{i}", **kw)
                 for i, h in enumerate(self.hidden)]
     self.head = nn.Dense(self.num_classes, name="head", **kw)
@@ -295,11 +287,8 @@ class MLP(nn.Module):
       x = nn.relu(fc(x))
     return x
 
-  def __call__(self, x):
-    return self.head(self.features(x))
 
-
-class LogReg(nn.Module):
+class LogReg(_Classifier):
   """Multinomial logistic regression on the flattened image."""
 
   num_classes: int = 10
@@ -307,18 +296,12 @@ class LogReg(nn.Module):
   conv_impl: str = "xla"  # Unused; accepted so every model takes it.
 
   def setup(self):
-    kw = {}
-    if self.init_scheme == "uniform":
-      kw = dict(kernel_init=_uniform_init(), bias_init=_uniform_init())
-    else:
-      kw = dict(kernel_init=nn.initializers.zeros)
+    kw = (_init_kwargs(self.init_scheme) if self.init_scheme == "uniform"
+          else dict(kernel_init=nn.initializers.zeros))
     self.head = nn.Dense(self.num_classes, name="head", **kw)
 
   def features(self, x):
     return x.reshape(x.shape[0], -1)
-
-  def __call__(self, x):
-    return self.head(self.features(x))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -387,6 +387,7 @@ def plot(result: dict[str, Any], path: str, metric: str = "mse_clamped"
       for (s, a, _), xv in zip(curve, xs):
         ax.annotate(f"{s:g}", (xv, a), fontsize=5)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(f"{metric} ([0,1] space)")
     ax.set_ylabel("test accuracy")
     ax.set_title(key, fontsize=9)

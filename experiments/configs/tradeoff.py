@@ -81,7 +81,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
         "dp_laplace": (1e-3, 1e-1),
     })
     c.num_images = 2
-    c.attack_iterations = ml_collections.ConfigDict({"dlg": 30, "gs": 300})
+    c.attack_iterations = ml_collections.ConfigDict({"dlg": 150, "gs": 1000})
     c.gs_restarts = 1
     t.num_clients = 20
     t.samples_per_class = 20
