@@ -386,8 +386,8 @@ def plot(result: dict[str, Any], path: str, metric: str = "mse_clamped"
       ax.plot(xs, [a for _, a, _ in curve], "o-", label=name, ms=3)
       for (s, a, _), xv in zip(curve, xs):
         ax.annotate(f"{s:g}", (xv, a), fontsize=5)
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    if metric == "mse":  # raw MSE spans decades; clamped MSE is in [0, 1].
+      ax.set_xscale("log")
     ax.set_xlabel(f"{metric} ([0,1] space)")
     ax.set_ylabel("test accuracy")
     ax.set_title(key, fontsize=9)
