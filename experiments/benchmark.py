@@ -256,7 +256,6 @@ def _memory_attack(settings: dict) -> dict[str, dict[str, float]]:
 
 
 def _memory_fedavg(settings: dict) -> dict[str, dict[str, float]]:
-  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from experiments import benchmark_fedavg  # pylint: disable=g-import-not-at-top
   from repdef_jax import fedavg  # pylint: disable=g-import-not-at-top

@@ -24,7 +24,6 @@ init):
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from absl import app
@@ -118,7 +117,7 @@ def torch_dlg(params, model, x_true, label, x0, y0, outer_steps, inner_steps):
 
   start = time.perf_counter()
   for _ in range(outer_steps):
-    loss = opt.step(closure)
+    opt.step(closure)
   secs = time.perf_counter() - start
   return secs, float(closure().detach()), dx.detach().numpy().transpose(
       0, 2, 3, 1)
@@ -189,7 +188,8 @@ def run(outer_steps: int = 300, inner_steps: int = 20,
 
   if use_torch is None:
     try:
-      import torch  # pylint: disable=g-import-not-at-top,unused-import
+      import torch  # pylint: disable=g-import-not-at-top,unused-import,redefined-outer-name
+      del torch
       use_torch = True
     except ImportError:
       use_torch = False

@@ -23,7 +23,6 @@ models whose full Jacobian is too slow for a CPU benchmark (ConvNet64:
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from typing import Sequence

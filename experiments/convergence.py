@@ -14,7 +14,6 @@ varies local epochs); set ``base.local_epochs`` to vary epochs instead.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
@@ -92,10 +91,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         "test_accuracy": [r["test_accuracy"] for r in recs],
     }
   payload = {"base": base.to_dict(), "curves": curves}
-  tmp = os.path.join(workdir, "curves.json.tmp")
-  with open(tmp, "w") as f:
-    json.dump(payload, f, indent=1)
-  os.replace(tmp, os.path.join(workdir, "curves.json"))
+  io.write_json(os.path.join(workdir, "curves.json"), payload)
   plot(curves, base, os.path.join(workdir, "loss_vs_round.png"))
   return payload
 
@@ -124,10 +120,8 @@ def plot(curves: dict[str, Any], base: ml_collections.ConfigDict,
       ax.legend(fontsize=7)
   axes[0].set_ylabel("global loss F(w)")
   fig.tight_layout()
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp)
+  io.save_figure(fig, path)
   plt.close(fig)
-  os.replace(tmp, path)
 
 
 def main(argv):

@@ -35,10 +35,8 @@ the model the device received; see also the departures listed in
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -308,21 +306,6 @@ def run_reconstruction(config: ml_collections.ConfigDict, images: np.ndarray,
   return result, pics
 
 
-def _atomic_write(path: str, write) -> None:
-  d = os.path.dirname(path) or "."
-  fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=os.path.splitext(
-      path)[1])
-  os.close(fd)
-  try:
-    write(tmp)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 def plot(result: dict[str, Any], pics: dict[str, np.ndarray],
          path: str) -> None:
   """Correlation per layer (left) and original | 3 reconstructions (right)."""
@@ -356,7 +339,7 @@ def plot(result: dict[str, Any], pics: dict[str, np.ndarray],
         mse = result["reconstruction"]["images"][i][name]["mse"]
         a.set_title(f"mse {mse:.3f}", fontsize=7)
   fig.tight_layout()
-  _atomic_write(path, lambda p: fig.savefig(p, dpi=100, format="png"))
+  io.save_figure(fig, path, dpi=100)
   plt.close(fig)
 
 
@@ -387,13 +370,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
                                                         labels, k_rec)
   result["seconds"] = time.time() - t0
   if workdir:
-    os.makedirs(workdir, exist_ok=True)
-
-    def write_json(p):
-      with open(p, "w") as f:
-        json.dump(result, f, indent=1)
-
-    _atomic_write(os.path.join(workdir, "repinfer.json"), write_json)
+    io.write_json(os.path.join(workdir, "repinfer.json"), result)
     if pics is not None:
       plot(result, pics, os.path.join(workdir, "repinfer.png"))
   return result

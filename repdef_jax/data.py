@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from io import BytesIO
 import logging
 import os
 import re
-import tempfile
 import zipfile
 from typing import Any
 
 import numpy as np
+
+from repdef_jax import io as io_lib
 
 logger = logging.getLogger(__name__)
 
@@ -333,20 +335,10 @@ def _read_cache(path: str) -> tuple[np.ndarray, np.ndarray] | None:
 
 def _write_cache(path: str, images: np.ndarray, labels: np.ndarray) -> None:
   """Writes a split to ``path`` atomically; on any OS error only warns."""
-  temp_path = None
+  buffer = BytesIO()
+  np.savez(buffer, images=images, labels=labels)
   try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        dir=os.path.dirname(path), prefix=os.path.basename(path) + ".",
-        suffix=".npz.tmp", delete=False) as handle:
-      temp_path = handle.name
-      np.savez(handle, images=images, labels=labels)
-    os.replace(temp_path, path)
+    io_lib.write_bytes(path, buffer.getvalue())
   except OSError as error:
     logger.warning("Not caching %s (cache directory not writable?): %s",
                    path, error)
-    if temp_path is not None and os.path.exists(temp_path):
-      try:
-        os.remove(temp_path)
-      except OSError:
-        pass

@@ -509,7 +509,6 @@ def make_round(model: models_lib.Model,
   config.validate()
   k = config.clients_per_round
   n_shards = 1 if mesh is None else mesh.shape[CLIENTS_AXIS]
-  k_pad = math.ceil(k / n_shards) * n_shards
 
   def per_client(params, round_, keys, x, y, mask, cid):
     tk, nk = client_keys(keys, round_, cid)

@@ -21,8 +21,9 @@ import numpy as np
 def _atomic_path(path: str) -> Iterator[str]:
   folder = os.path.dirname(os.path.abspath(path))
   os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-",
-                             suffix=os.path.basename(path))
+  stem, ext = os.path.splitext(os.path.basename(path))
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{stem}.",
+                             suffix=f"{ext}.tmp")
   os.close(fd)
   try:
     yield tmp

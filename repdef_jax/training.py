@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import tempfile
 import time
 from typing import Any, Optional
 
@@ -40,6 +38,7 @@ import optax
 
 from repdef_jax import data as data_lib
 from repdef_jax import fedavg
+from repdef_jax import io as io_lib
 from repdef_jax import models as models_lib
 from repdef_jax import partition as partition_lib
 from repdef_jax import schedules
@@ -104,22 +103,6 @@ def default_config() -> ml_collections.ConfigDict:
 
 def _config_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return json.loads(config.to_json())
-
-
-def _atomic_write(path: str, payload: bytes) -> None:
-  d = os.path.dirname(path) or "."
-  fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path),
-                             suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(payload)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 def _append_line(path: str, record: dict[str, Any]) -> None:
@@ -255,7 +238,7 @@ def resolve_client_chunk(client_chunk: int) -> int:
 
 def _save_checkpoint(workdir: str, state: fedavg.ServerState) -> None:
   payload = flax.serialization.to_bytes(jax.device_get(state))
-  _atomic_write(os.path.join(workdir, CHECKPOINT_FILE), payload)
+  io_lib.write_bytes(os.path.join(workdir, CHECKPOINT_FILE), payload)
 
 
 def _load_checkpoint(workdir: str, template: fedavg.ServerState
@@ -285,10 +268,8 @@ def plot_metrics(records: list[dict[str, Any]], path: str) -> None:
   axes[1].set_xlabel("round")
   axes[1].set_ylabel("train loss")
   fig.tight_layout()
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp)
+  io_lib.save_figure(fig, path)
   plt.close(fig)
-  os.replace(tmp, path)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
@@ -338,11 +319,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   # Drop metric lines past the checkpoint (and torn lines): atomic rewrite.
   kept = read_metrics(workdir, upto_round=start)
   kept = [r for r in kept if r["round"] <= start]
-  _atomic_write(os.path.join(workdir, METRICS_FILE),
+  io_lib.write_bytes(os.path.join(workdir, METRICS_FILE),
                 "".join(json.dumps(r, sort_keys=True) + "\n"
                         for r in kept).encode())
   if not resuming:
-    _atomic_write(os.path.join(workdir, CONFIG_FILE),
+    io_lib.write_bytes(os.path.join(workdir, CONFIG_FILE),
                   json.dumps(_config_dict(config), indent=2,
                              sort_keys=True).encode())
 

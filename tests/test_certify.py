@@ -3,8 +3,8 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
+from repdef_jax import attacks
 from repdef_jax import gradients
 from repdef_jax import models
 from repdef_jax.defenses import base
@@ -63,13 +63,10 @@ def test_power_iteration_matches_svd():
 
 
 def test_bound_holds_for_attack_reconstruction():
-  """A gradient-matching (DLG-style) reconstruction against the defended
-  logistic-regression gradient never beats the certified bound.
-
-  Uses the package attack ``repdef_jax.attacks.dlg`` once it exists (see the
-  TODO below); until then a short in-test DLG (true label known, Adam on the
-  squared gradient distance) against the same defended gradient.
-  """
+  """A GS reconstruction (the package attack; DLG diverges on this defended
+  gradient) against the defended logistic-regression
+  gradient never beats the certified bound's first-order statement, and the
+  theorem's own attacker never beats the bound itself."""
   model = models.get_model("logreg", (4, 4, 1), init="uniform")
   params = model.init(jax.random.key(0))
   x = jax.random.uniform(jax.random.key(1), (1, 4, 4, 1))
@@ -80,25 +77,17 @@ def test_bound_holds_for_attack_reconstruction():
   keep = (jnp.abs(shared["head"]["kernel"]).sum(1) > 0).astype(jnp.float32)
   bound = np.asarray(C.certified_bound(model, params, x, keep))
 
-  # TODO(attacks): replace by repdef_jax.attacks.dlg when it lands.
   def loss(xr):
     gr = gradients.batch_grad(model, params, xr, y)
     return sum(jnp.sum((a - b) ** 2) for a, b in zip(
         jax.tree_util.tree_leaves(gr), jax.tree_util.tree_leaves(shared)))
 
-  opt = optax.adam(0.05)
-  xr = jax.random.uniform(jax.random.key(7), x.shape)
-  state = opt.init(xr)
-
-  @jax.jit
-  def step(xr, state):
-    grad = jax.grad(loss)(xr)
-    upd, state = opt.update(grad, state)
-    return optax.apply_updates(xr, upd), state
-
-  x0 = xr
-  for _ in range(400):
-    xr, state = step(xr, state)
+  result = attacks.get_attack("gs")(model, params, shared, 1,
+                                     jax.random.key(7), labels=y,
+                                     iterations=400, restarts=1)
+  assert not bool(result.diverged)
+  xr = result.x_rec
+  x0 = jax.random.uniform(jax.random.key(7), x.shape)
   # The defended gradient is not attainable exactly (zeroed rows change the
   # softmax); the attack must still have made clear progress.
   assert float(loss(xr)) < 0.2 * float(loss(x0))

@@ -25,7 +25,6 @@ import jax
 from repdef_jax import models as models_lib
 from repdef_jax.defenses import baselines
 from repdef_jax.defenses import certify
-from repdef_jax.defenses import soteria as soteria_lib
 from repdef_jax.defenses import soteria
 from repdef_jax.defenses.base import chain
 from repdef_jax.defenses.base import ClientBatch
@@ -83,7 +82,7 @@ def get_defense(name: str, strength: Any = 0.0, *,
     return identity()
   if name == "soteria":
     model = _require_model(name, model)
-    soteria_lib.defended_layer(jax.eval_shape(model.init, jax.random.key(0)),
+    soteria.defended_layer(jax.eval_shape(model.init, jax.random.key(0)),
                                model)
     return soteria_defense(model, strength, **kwargs)
   if name == "compression":
