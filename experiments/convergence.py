@@ -36,7 +36,7 @@ _DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data dir.")
 
 
 def settings(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
-  """The runs: (name, local_steps, clients_per_round, defense)."""
+  """The runs: name, local_steps, clients_per_round, defense, strength."""
   base_k = config.base.clients_per_round
   base_i = config.base.local_steps
   pairs = [(i, base_k) for i in config.local_steps]
@@ -44,9 +44,15 @@ def settings(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
             if (base_i, k) not in pairs]
   out = []
   for i, k in pairs:
-    for d in config.defenses:
-      out.append({"name": f"I{i}_K{k}_{d}", "local_steps": i,
-                  "clients_per_round": k, "defense": d})
+    for spec in config.defenses:
+      # 'none', 'soteria' (base.defense_strength) or 'soteria:<strength>'.
+      d, _, strength = spec.partition(":")
+      strength = (0.0 if d == "none" else
+                  float(strength) if strength else config.base.defense_strength)
+      label = d if d == "none" else f"{d}{strength:g}"
+      out.append({"name": f"I{i}_K{k}_{label}", "local_steps": i,
+                  "clients_per_round": k, "defense": d,
+                  "strength": strength, "label": label})
   if config.max_settings:
     out = out[:config.max_settings]
   return out
@@ -75,8 +81,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     c.local_steps = s["local_steps"]
     c.clients_per_round = s["clients_per_round"]
     c.defense = s["defense"]
-    if c.defense == "none":
-      c.defense_strength = 0.0
+    c.defense_strength = s["strength"]
     print(f"== {s['name']}", flush=True)
     result = training.train_and_evaluate(c, os.path.join(workdir, s["name"]))
     recs = result["metrics"]
@@ -107,10 +112,10 @@ def plot(curves: dict[str, Any], base: ml_collections.ConfigDict,
     style = "--" if c["defense"] != "none" else "-"
     if c["clients_per_round"] == base.clients_per_round:
       axes[0].plot(c["round"], c["global_loss"], style,
-                   label=f"I={c['local_steps']} {c['defense']}")
+                   label=f"I={c['local_steps']} {c['label']}")
     if c["local_steps"] == base.local_steps:
       axes[1].plot(c["round"], c["global_loss"], style,
-                   label=f"K={c['clients_per_round']} {c['defense']}")
+                   label=f"K={c['clients_per_round']} {c['label']}")
   axes[0].set_title(f"varying local steps (K={base.clients_per_round})")
   axes[1].set_title(f"varying sampled devices (I={base.local_steps})")
   for ax in axes:

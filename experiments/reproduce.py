@@ -36,8 +36,8 @@ PRESETS = ("quick", "full", "tiny")
 PART_ORDER = ("tradeoff", "visual", "repinfer", "convergence", "certified",
               "adaptive")
 # Rough quick-preset wall times on an idle 2-core CPU (seconds), for the ETA.
-QUICK_ESTIMATE = {"tradeoff": 420, "visual": 90, "repinfer": 180,
-                  "convergence": 90, "certified": 120, "adaptive": 180}
+QUICK_ESTIMATE = {"tradeoff": 930, "visual": 200, "repinfer": 180,
+                  "convergence": 60, "certified": 120, "adaptive": 300}
 
 _PRESET = flags.DEFINE_enum("preset", "quick", PRESETS, "Preset.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.",

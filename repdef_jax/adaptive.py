@@ -9,8 +9,9 @@ Beyond the paper. Soteria perturbs one layer and its pruned rows are visible
 * ``<family>_mask``: the all-zero rows of the shared defended kernel applied
   to the trial gradient too (GGL, Li et al., CVPR 2022);
 
-are run next to the plain attack on Soteria-defended one-image gradients at
-several pruning rates, at two training stages ('init': the initial global
+are run next to the plain attack on Soteria-defended one-image gradients,
+for each model of ``config.models``, at several pruning rates, at two
+training stages ('init': the initial global
 model; 'trained': the global model after ``train.rounds`` rounds of
 undefended FedAvg via :func:`repdef_jax.training.train_and_evaluate`), and
 for three Soteria variants: the reference rule (``score='reference'``,
@@ -54,7 +55,7 @@ VARIANTS = {
 
 def stage_params(config: ml_collections.ConfigDict, model: models_lib.Model,
                  stage: str, workdir: str) -> Any:
-  """Global parameters at a training stage ('init' or 'trained')."""
+  """Global parameters of ``model`` at a training stage ('init'/'trained')."""
   if stage == "init":
     return model.init(fedavg.key_streams(config.seed).init)
   if stage != "trained":
@@ -62,24 +63,25 @@ def stage_params(config: ml_collections.ConfigDict, model: models_lib.Model,
   c = training.default_config()
   c.update(config.train.to_dict())
   c.dataset = config.dataset
-  c.model = config.model
+  c.model = model.name
   c.model_init = config.model_init
   c.defense = "none"
   c.seed = config.seed
   c.data_dir = config.data_dir
   c.plot = False
-  return training.train_and_evaluate(c, os.path.join(workdir, "train"))[
-      "state"].params
+  return training.train_and_evaluate(
+      c, os.path.join(workdir, "train", model.name))["state"].params
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs every (stage, variant, rate, attack) cell; writes JSON and plot."""
+  """Runs every (model, stage, variant, rate, attack) cell; writes outputs."""
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
   store = evaluation.CellStore(os.path.join(workdir, "cells"))
   info = data_lib.get_info(config.dataset)
-  model = models_lib.get_model(config.model, info.image_shape,
-                               info.num_classes, init=config.model_init)
+  models = {name: models_lib.get_model(name, info.image_shape,
+                                       info.num_classes, init=config.model_init)
+            for name in config.models}
   images, labels = data_lib.load(config.dataset, "test",
                                  config.data_dir or None,
                                  max_examples=config.num_images)
@@ -89,22 +91,26 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   attacks = [a for fam in config.families
              for a in (fam, f"{fam}_drop", f"{fam}_mask")]
   cells_spec = []
-  for stage in config.stages:
-    for fam in config.families:
-      cells_spec.append((stage, "none", 0.0, fam))
-    for variant in config.variants:
-      for rate in config.rates:
-        for attack in attacks:
-          cells_spec.append((stage, variant, float(rate), attack))
+  for name in config.models:
+    for stage in config.stages:
+      for fam in config.families:
+        cells_spec.append((name, stage, "none", 0.0, fam))
+      for variant in config.variants:
+        for rate in config.rates:
+          for attack in attacks:
+            cells_spec.append((name, stage, variant, float(rate), attack))
   progress = evaluation.Progress(len(cells_spec), "adaptive")
   params_by_stage = {}
   rows = []
-  for stage, variant, rate, attack in cells_spec:
-    if stage not in params_by_stage:
-      params_by_stage[stage] = stage_params(config, model, stage, workdir)
-    params = params_by_stage[stage]
+  for name, stage, variant, rate, attack in cells_spec:
+    model = models[name]
+    if (name, stage) not in params_by_stage:
+      params_by_stage[(name, stage)] = stage_params(config, model, stage,
+                                                    workdir)
+    params = params_by_stage[(name, stage)]
 
-    def fn(stage=stage, variant=variant, rate=rate, attack=attack):
+    def fn(model=model, params=params, stage=stage, variant=variant,
+           rate=rate, attack=attack):
       if variant == "none":
         d = defenses_lib.get_defense("none")
       else:
@@ -120,8 +126,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             or None, restarts=config.restarts or None,
             give_labels=config.give_labels)
         per_image.append(m)
-      out = {"stage": stage, "variant": variant, "rate": rate,
-             "attack": attack, "images": per_image}
+      out = {"model": model.name, "stage": stage, "variant": variant,
+             "rate": rate, "attack": attack, "images": per_image}
       for k in ("mse", "mse_clamped", "ssim", "psnr"):
         out[k] = evaluation._finite_or_str(  # pylint: disable=protected-access
             np.mean([float(m[k]) for m in per_image]))
@@ -131,9 +137,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       return out
 
     rows.append(store.get_or_run(
-        evaluation.cell_name(stage, variant, rate, attack), fn, progress))
+        evaluation.cell_name(name, stage, variant, rate, attack), fn,
+        progress))
   thr = config.unrecognisable_threshold
-  works = {(r["stage"], r["attack"]): r["ssim"] > thr
+  works = {(r["model"], r["stage"], r["attack"]): r["ssim"] > thr
            for r in rows if r["variant"] == "none"}
   for r in rows:
     if r["variant"] == "none":
@@ -141,7 +148,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
           "works" if r["ssim"] > thr else "fails")
     else:
       fam = r["attack"].split("_")[0]
-      if not works.get((r["stage"], fam), True):
+      if not works.get((r["model"], r["stage"], fam), True):
         r["verdict"] = "n/a (attack fails even undefended)"
       else:
         r["verdict"] = "holds" if r["ssim"] <= thr else "fails"
@@ -157,17 +164,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: str) -> None:
-  """SSIM vs pruning rate: one panel per (stage, variant), line per attack."""
+  """SSIM vs pruning rate: a panel per (model, stage, variant)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   cfg = result["config"]
-  stages, variants = list(cfg["stages"]), list(cfg["variants"])
-  fig, axes = plt.subplots(len(stages), len(variants),
-                           figsize=(3.4 * len(variants), 2.8 * len(stages)),
+  panel_rows = [(m, st) for m in cfg["models"] for st in cfg["stages"]]
+  variants = list(cfg["variants"])
+  fig, axes = plt.subplots(len(panel_rows), len(variants),
+                           figsize=(3.4 * len(variants), 2.8 * len(panel_rows)),
                            squeeze=False)
-  cells = result["cells"]
-  for i, stage in enumerate(stages):
+  for i, (name, stage) in enumerate(panel_rows):
+    cells = [c for c in result["cells"] if c["model"] == name]
     for j, variant in enumerate(variants):
       ax = axes[i, j]
       for attack in sorted({c["attack"] for c in cells
@@ -181,7 +189,7 @@ def plot(result: dict[str, Any], path: str) -> None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3,
                 label=attack)
       ax.axhline(cfg["unrecognisable_threshold"], color="gray", ls=":")
-      ax.set_title(f"{stage}, {variant}", fontsize=8)
+      ax.set_title(f"{name}, {stage}, {variant}", fontsize=8)
       ax.set_xlabel("pruning rate (%)")
       ax.set_ylabel("SSIM")
       ax.legend(fontsize=6)

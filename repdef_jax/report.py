@@ -228,12 +228,12 @@ def _certified(res: dict) -> list[str]:
 
 
 def _adaptive(res: dict) -> list[str]:
-  rows = [[c["stage"], c["variant"], c["rate"], c["attack"], c["mse"],
-           c["mse_clamped"], c["ssim"],
+  rows = [[c["model"], c["stage"], c["variant"], c["rate"], c["attack"],
+           c["mse"], c["mse_clamped"], c["ssim"],
            c.get("defense/effective_pruned_fraction"), c["verdict"]]
           for c in res["cells"]]
   lines = [f"Pixel space {res['pixel_space']}; {res['verdict_rule']}.", ""]
-  lines += _table(["stage", "variant", "rate", "attack", "MSE raw",
+  lines += _table(["model", "stage", "variant", "rate", "attack", "MSE raw",
                    "MSE clamped", "SSIM", "effective pruned", "verdict"],
                   rows)
   fails = [c for c in res["cells"] if c["verdict"] == "fails"]
@@ -292,7 +292,7 @@ def render(results: dict[str, dict | None], *, workdir: str,
   lines += ["## Runs", ""]
   lines += _table(["part", "command", "seed", "wall time (s)", "status"],
                   rows)
-  lines += [f"Total wall time: {_f(total)} s.", ""]
+  lines += [f"Total wall time: {total:.0f} s.", ""]
   for part, heading, fn in _SECTIONS:
     lines += [f"## {heading}", "", f"**paper**: {PAPER.get(part, '')}"
               if part in PAPER else "", ""]

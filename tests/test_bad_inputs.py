@@ -85,6 +85,16 @@ def env():
           "clients": ones, "empty_clients": empty, "key": jax.random.key(0)}
 
 
+def _noniid(labels, **kw):
+  args = dict(num_clients=1, classes_per_client=1, samples_per_class=1, seed=0)
+  return partition.noniid(np.asarray(labels), **{**args, **kw})
+
+
+def _pack(client_indices, **kw):
+  return partition.pack(np.zeros((2, 4, 4, 1)), np.zeros(2, int),
+                        client_indices, **kw)
+
+
 def _nan_like(tree):
   return jax.tree_util.tree_map(lambda a: a * jnp.nan, tree)
 
@@ -437,33 +447,24 @@ CASES = [
          match="1 channel"),
     # ---- partition ------------------------------------------------------
     Case("partition.noniid: 2-D labels",
-         lambda e: partition.noniid(np.zeros((2, 2), int), num_clients=1,
-                                    classes_per_client=1, samples_per_class=1,
-                                    seed=0), match="labels must be a 1-D"),
+         lambda e: _noniid(np.zeros((2, 2), int)),
+         match="labels must be a 1-D"),
     Case("partition.noniid: float labels",
-         lambda e: partition.noniid(np.array([1.0, 0.0]), num_clients=1,
-                                    classes_per_client=1, samples_per_class=1,
-                                    seed=0), match="integer"),
+         lambda e: _noniid([1.0, 0.0]), match="integer"),
     Case("partition.noniid: negative labels",
-         lambda e: partition.noniid(np.array([-1, 0]), num_clients=1,
-                                    classes_per_client=1, samples_per_class=1,
-                                    seed=0), match="non-negative"),
+         lambda e: _noniid([-1, 0]), match="non-negative"),
     Case("partition.noniid: num_clients 0",
-         lambda e: partition.noniid(np.array([1, 0]), num_clients=0,
-                                    classes_per_client=1, samples_per_class=1,
-                                    seed=0), match="num_clients must be > 0"),
+         lambda e: _noniid([1, 0], num_clients=0),
+         match="num_clients must be > 0"),
     Case("partition.noniid: num_clients 1.5",
-         lambda e: partition.noniid(np.array([1, 0]), num_clients=1.5,
-                                    classes_per_client=1, samples_per_class=1,
-                                    seed=0), match="num_clients must be an int"),
+         lambda e: _noniid([1, 0], num_clients=1.5),
+         match="num_clients must be an int"),
     Case("partition.noniid: more classes per client than classes",
-         lambda e: partition.noniid(np.array([1, 0]), num_clients=1,
-                                    classes_per_client=3, samples_per_class=1,
-                                    seed=0), match="classes_per_client=3"),
+         lambda e: _noniid([1, 0], classes_per_client=3),
+         match="classes_per_client=3"),
     Case("partition.noniid: not enough samples",
-         lambda e: partition.noniid(np.array([1, 0]), num_clients=2,
-                                    classes_per_client=1, samples_per_class=2,
-                                    seed=0), match="needs .* samples"),
+         lambda e: _noniid([1, 0], num_clients=2, samples_per_class=2),
+         match="needs .* samples"),
     Case("partition.iid: negative num_examples",
          lambda e: partition.iid(-1, num_clients=2, seed=0),
          match="num_examples"),
@@ -479,26 +480,19 @@ CASES = [
                                        alpha=1.0, seed=0, min_size=2),
          match="min_size"),
     Case("partition.pack: no clients",
-         lambda e: partition.pack(np.zeros((2, 4, 4, 1)), np.zeros(2, int),
-                                  []), match="client_indices is empty"),
+         lambda e: _pack([]), match="client_indices is empty"),
     Case("partition.pack: images/labels length mismatch",
          lambda e: partition.pack(np.zeros((2, 4, 4, 1)), np.zeros(3, int),
                                   [np.array([0])]), match="differ in length"),
     Case("partition.pack: client larger than max_examples",
-         lambda e: partition.pack(np.zeros((2, 4, 4, 1)), np.zeros(2, int),
-                                  [np.array([0, 1])], max_examples=1),
+         lambda e: _pack([np.array([0, 1])], max_examples=1),
          match="max_examples=1"),
     Case("partition.pack: index out of range",
-         lambda e: partition.pack(np.zeros((2, 4, 4, 1)), np.zeros(2, int),
-                                  [np.array([5])]),
-         error=(ValueError,), match="client_indices"),
+         lambda e: _pack([np.array([5])]), match="client_indices"),
     Case("partition.pack: negative index",
-         lambda e: partition.pack(np.zeros((2, 4, 4, 1)), np.zeros(2, int),
-                                  [np.array([-1])]),
-         error=(ValueError,), match="client_indices"),
+         lambda e: _pack([np.array([-1])]), match="client_indices"),
     Case("partition.pad_clients: fewer clients than present",
-         lambda e: partition.pad_clients(partition.pack(
-             np.zeros((2, 4, 4, 1)), np.zeros(2, int), [np.array([0])]), 0),
+         lambda e: partition.pad_clients(_pack([np.array([0])]), 0),
          match="num_clients=0 is smaller"),
     Case("partition.class_counts: label >= num_classes",
          lambda e: partition.class_counts(np.array([5]), [np.array([0])], 3),

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
@@ -23,6 +24,7 @@ from experiments.configs import visual as visual_cfg  # noqa: E402
 from repdef_jax import adaptive  # noqa: E402
 from repdef_jax import certified  # noqa: E402
 from repdef_jax import tradeoff  # noqa: E402
+from repdef_jax import training  # noqa: E402
 from repdef_jax import visual  # noqa: E402
 
 NUM_MOCK = 120
@@ -36,8 +38,9 @@ def mock_env(tmp_path, monkeypatch):
     yield tmp_path
 
 
-def _run(module, cfg_module, tmp_path, name):
+def _run(module, cfg_module, tmp_path, name, **overrides):
   config = cfg_module.get_config("tiny")
+  config.update(overrides)
   config.data_dir = str(tmp_path / "data")
   workdir = str(tmp_path / name)
   return module.run(config, workdir), workdir, config
@@ -61,8 +64,23 @@ def test_presets_exist():
       cfg.get_config("nope")
 
 
+def test_federated_setting():
+  paper = training.federated_setting("paper")
+  assert (paper.num_clients, paper.classes_per_client, paper.samples_per_class,
+          paper.clients_per_round) == (100, 2, 100, 10)
+  assert set(paper.keys()) <= set(training.default_config().keys())
+  assert training.federated_setting("tiny", rounds=3).rounds == 3
+  with pytest.raises(ValueError, match="setting 'nope'"):
+    training.federated_setting("nope")
+  with pytest.raises(ValueError, match="roundz"):
+    training.federated_setting("paper", roundz=3)
+
+
 def test_tradeoff_end_to_end(mock_env):
-  result, workdir, config = _run(tradeoff, tradeoff_cfg, mock_env, "tradeoff")
+  train = tradeoff_cfg.get_config("tiny").train
+  train.rounds = 3
+  result, workdir, config = _run(tradeoff, tradeoff_cfg, mock_env, "tradeoff",
+                                 accuracy_window=2, train=train)
   assert {"tradeoff.json", "tradeoff.png", "tradeoff_raw_mse.png",
           "cells"} <= set(os.listdir(workdir))
   with open(os.path.join(workdir, "tradeoff.json")) as f:
@@ -76,7 +94,14 @@ def test_tradeoff_end_to_end(mock_env):
     for p in pts:
       assert 0.0 <= p["accuracy"] <= 1.0
   # 3 train cells + 3 attack cells, reused on a rerun.
-  assert len(os.listdir(os.path.join(workdir, "cells"))) == 6
+  cells = os.path.join(workdir, "cells")
+  assert len(os.listdir(cells)) == 6
+  # Utility = mean of the last accuracy_window (2) of the 3 evaluations.
+  with open(os.path.join(cells, "mnist_train_none_0.json")) as f:
+    cell = json.load(f)
+  assert len(cell["accuracy_curve"]) == 3
+  assert cell["accuracy"] == pytest.approx(np.mean(cell["accuracy_curve"][1:]))
+  assert cell["final_accuracy"] == cell["accuracy_curve"][-1]
   _rerun_reuses(tradeoff, config, workdir)
 
 
@@ -104,6 +129,9 @@ def test_adaptive_end_to_end(mock_env):
   attacks = {c["attack"] for c in result["cells"]}
   assert attacks == {"gs", "gs_drop", "gs_mask"}
   assert {c["stage"] for c in result["cells"]} == {"init", "trained"}
+  assert {c["model"] for c in result["cells"]} == set(config.models)
+  assert len(result["cells"]) == len(config.models) * 2 * (
+      1 + len(config.variants) * len(config.rates) * 3)
   assert all("verdict" in c for c in result["cells"])
   _rerun_reuses(adaptive, config, workdir)
 

@@ -72,7 +72,8 @@ def _fake_results(workdir):
   io_lib.write_json(os.path.join(workdir, "adaptive", "adaptive.json"), {
       "config": {"seed": 0}, "pixel_space": "[0,1]",
       "verdict_rule": "holds when mean SSIM <= 0.2",
-      "cells": [{"stage": "init", "variant": "reference", "rate": 60.0,
+      "cells": [{"model": "lenet5", "stage": "init", "variant": "reference",
+                 "rate": 60.0,
                  "attack": "gs_drop", "mse": 0.01, "mse_clamped": 0.01,
                  "ssim": 0.9, "verdict": "fails"}]})
 

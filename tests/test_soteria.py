@@ -39,7 +39,7 @@ def _naive_scores(model, params, x, eps):
     ("leakage", (6, 6, 1), {}),
     ("lenet", (8, 8, 3), {}),
 ])
-@pytest.mark.parametrize("jacobian", ["rev", "fwd"])
+@pytest.mark.parametrize("jacobian", ["rev", "fwd", "auto"])
 def test_feature_scores_matches_naive_vjp_loop(name, shape, kw, jacobian):
   model, params, x, _ = _setup(name, shape, b=2, **kw)
   eps = model.score_eps
@@ -47,6 +47,15 @@ def test_feature_scores_matches_naive_vjp_loop(name, shape, kw, jacobian):
                          jacobian=jacobian)
   want = _naive_scores(model, params, x, eps)
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=1e-5)
+
+
+def test_auto_jacobian_picks_fewer_passes():
+  # leakage on 6x6x1: F = 6*6*12 = 432 > D = 36 -> forward mode.
+  assert S.resolve_jacobian("auto", 432, 36) == "fwd"
+  assert S.resolve_jacobian("auto", 48, 192) == "rev"
+  assert S.resolve_jacobian("rev", 432, 36) == "rev"
+  with pytest.raises(ValueError, match="jacobian"):
+    S.resolve_jacobian("backward", 4, 4)
 
 
 def test_chunked_jacobian_equals_full_jacobian():

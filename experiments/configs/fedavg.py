@@ -25,17 +25,9 @@ from repdef_jax import training
 def get_config():
   """The paper's MNIST setting (see module docstring)."""
   config = training.default_config()
+  config.update(training.federated_setting(
+      "paper", client_lr=0.05, log_every=1).to_dict())
   config.dataset = "mnist"
   config.model = "logreg"
-  config.partition = "noniid"
-  config.num_clients = 100
-  config.classes_per_client = 2
-  config.samples_per_class = 100
-  config.rounds = 200
-  config.clients_per_round = 10
-  config.local_steps = 5
-  config.batch_size = 10
-  config.client_lr = 0.05
   config.l2 = 1e-4
-  config.checkpoint_every = 10
   return config

@@ -18,7 +18,10 @@ Pipeline (all pure, jittable, vmappable over clients):
 1. :func:`feature_scores` computes the per-example Jacobian ``J_b = dr/dx``
    ``[F, D]`` in one ``vmap`` over examples of a ``vmap``-ed ``vjp`` over the
    identity basis of ``R^F`` (that is ``jax.jacrev``; no Python loop over
-   features) and one score per feature, summed over the (real) examples:
+   features), or with ``D`` forward-mode passes (``jax.jacfwd``) when the
+   input is smaller than the representation (``jacobian='auto'``, e.g. the
+   one-conv leakage model: 784 passes instead of 9,408), and one score per
+   feature, summed over the (real) examples:
 
    * ``score='reference'``: ``sum_b ||d r_bi / d x_b||_2 / (r_bi + eps)``, the
      reference code's approximation (eps 0 for sigmoid nets, 0.1 for ReLU).
@@ -27,12 +30,13 @@ Pipeline (all pure, jittable, vmappable over clients):
      form ``J^+``: with the thin SVD ``J = U S V^T``,
      ``||J^+ e_i||_2 = ||U[i, :] / S||_2`` (singular values below
      ``max(F, D) * float_eps * S_max`` dropped, as ``jnp.linalg.pinv``). For
-     ``F <= D`` (all our models) ``J^+ e_i`` is the minimum-norm input change
-     that moves ``r_i`` by one and nothing else; for ``F > D`` it is the
-     least-squares input change (pseudo-inverse columns), documented, not
-     special-cased. **Orientation:** the paper prunes the features with the
-     *largest* ``||r_i dX/dr_i||``; the reference score is the approximate
-     reciprocal of that quantity and prunes the *smallest*. So that one
+     ``F <= D`` (all our models but ``leakage``) ``J^+ e_i`` is the
+     minimum-norm input change that moves ``r_i`` by one and nothing else;
+     for ``F > D`` (``leakage``) it is the least-squares input change
+     (pseudo-inverse columns), documented, not special-cased.
+     **Orientation:** the paper prunes the features with the *largest*
+     ``||r_i dX/dr_i||``; the reference score is the approximate reciprocal
+     of that quantity and prunes the *smallest*. So that one
      :func:`mask_from_scores` serves both, ``'exact'`` returns
      ``-sum_b ||r_bi J_b^+ e_i||_2`` (small score = prune). A feature that is
      0 on every image gets score 0, the largest possible, and is never pruned
@@ -115,7 +119,7 @@ Params = Any
 
 SCORES = ("reference", "exact")
 SELECTIONS = ("percentile", "count")
-JACOBIAN_MODES = ("rev", "fwd")
+JACOBIAN_MODES = ("auto", "rev", "fwd")
 
 
 # --------------------------------------------------------------------------
@@ -147,10 +151,18 @@ def _check_choice(value: str, choices: Sequence[str], name: str) -> None:
 # Jacobian and scores.
 
 
+def resolve_jacobian(jacobian: str, num_features: int, input_size: int) -> str:
+  """'auto' -> the mode with fewer passes ('fwd' iff D < F); else unchanged."""
+  _check_choice(jacobian, JACOBIAN_MODES, "jacobian")
+  if jacobian != "auto":
+    return jacobian
+  return "fwd" if input_size < num_features else "rev"
+
+
 def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
                           x: jax.Array,
                           *,
-                          jacobian: str = "rev",
+                          jacobian: str = "auto",
                           chunk: int | None = None
                           ) -> tuple[jax.Array, jax.Array]:
   """Per-example representation and Jacobian, no loop over features.
@@ -159,11 +171,13 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
     features_fn: one input ``[H, W, C]`` (any shape) -> ``r`` ``[F]``.
     x: a batch ``[B, ...]`` of inputs.
     jacobian: 'rev' (vmap of one vjp over the identity basis of R^F, i.e.
-      ``jax.jacrev``: F backward passes batched) or 'fwd' (D forward-mode
-      passes batched, ``jax.jacfwd``).
-    chunk: with 'rev', bound memory by computing ``chunk`` rows of each
-      Jacobian at a time (``lax.map`` over chunks of the basis and over
-      images) instead of all ``B * F`` backward passes at once; same numbers.
+      ``jax.jacrev``: F backward passes batched), 'fwd' (D forward-mode
+      passes batched, ``jax.jacfwd``) or 'auto' (the one with fewer passes:
+      'fwd' when D < F, e.g. a single wide conv layer, else 'rev').
+    chunk: with 'rev' (ignored by 'fwd'), bound memory by computing
+      ``chunk`` rows of each Jacobian at a time (``lax.map`` over chunks of
+      the basis and over images) instead of all ``B * F`` backward passes at
+      once; same numbers.
       ConvNet64 needs it (all 8 x 2,304 passes at once hold ~170 GiB of
       activations' cotangents); None computes everything in one batch.
 
@@ -179,6 +193,7 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
     raise ValueError("features_fn must map one input to a 1-D representation "
                      f"r of shape [F]; it returned shape {tuple(out.shape)}.")
   num_features = out.shape[0]
+  jacobian = resolve_jacobian(jacobian, num_features, math.prod(x.shape[1:]))
 
   if chunk is not None and chunk < 1:
     raise ValueError(f"chunk must be a positive int or None, got {chunk}.")
@@ -239,7 +254,7 @@ def feature_scores(features_fn: Callable[[jax.Array], jax.Array],
                    score: str = "reference",
                    eps: float = 0.0,
                    weights: jax.Array | None = None,
-                   jacobian: str = "rev") -> jax.Array:
+                   jacobian: str = "auto") -> jax.Array:
   """One Soteria score per representation feature, summed over a batch.
 
   Args:
@@ -252,7 +267,7 @@ def feature_scores(features_fn: Callable[[jax.Array], jax.Array],
     eps: denominator epsilon of the 'reference' score (ignored by 'exact').
     weights: optional ``[B]`` example weights (0 = padding, contributes
       nothing).
-    jacobian: 'rev' or 'fwd', see :func:`features_and_jacobian`.
+    jacobian: 'auto', 'rev' or 'fwd', see :func:`features_and_jacobian`.
 
   Returns:
     Scores ``[F]``.
@@ -504,7 +519,7 @@ def soteria(model: models_lib.Model,
             eps: float | None = None,
             protect_bias: bool = False,
             q: Any = 0,
-            jacobian: str = "rev",
+            jacobian: str = "auto",
             jacobian_conv_impl: str | None = "s2d",
             jacobian_chunk: int | None = None) -> base.Defense:
   """The Soteria defense as a :class:`~repdef_jax.defenses.base.Defense`.
@@ -523,7 +538,8 @@ def soteria(model: models_lib.Model,
     eps: 'reference' score epsilon; None uses ``model.score_eps``.
     protect_bias: also zero the defended layer's bias gradient.
     q: the perturbation: an int q (0 -> 'q0') or a registered name.
-    jacobian: 'rev' or 'fwd' Jacobian mode.
+    jacobian: 'auto', 'rev' or 'fwd' Jacobian mode (see
+      :func:`features_and_jacobian`).
     jacobian_conv_impl: convolution formulation used for the Jacobian
       (same parameters, same numbers up to float rounding; see
       :mod:`repdef_jax.models`); 's2d' makes the backward pass of strided
