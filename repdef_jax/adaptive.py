@@ -11,10 +11,10 @@ Beyond the paper. Soteria perturbs one layer and its pruned rows are visible
 
 are run next to the plain attack on Soteria-defended one-image gradients,
 for each model of ``config.models``, at several pruning rates, at two
-training stages ('init': the initial global
-model; 'trained': the global model after ``train.rounds`` rounds of
-undefended FedAvg via :func:`repdef_jax.training.train_and_evaluate`), and
-for three Soteria variants: the reference rule (``score='reference'``,
+training stages ('init': the initial global model; 'trained': the global
+model after ``train.rounds`` rounds of undefended FedAvg via
+:func:`repdef_jax.training.train_and_evaluate`), and for three Soteria
+variants: the reference rule (``score='reference'``,
 ``selection='percentile'``), ``selection='count'`` (exactly the nominal
 fraction pruned, inactive features last) and ``score='exact'`` (the paper's
 ``||r_i dX/dr_i||`` through the Jacobian's pseudo-inverse).
