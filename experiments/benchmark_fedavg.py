@@ -59,17 +59,18 @@ def _block(tree):
   return jax.block_until_ready(tree)
 
 
-def _time_vectorized(model, config, data, keys, ids, rounds, donate):
+def _time_vectorized(model, config, data, keys, rounds, donate,
+                     **round_kwargs):
+  """(compile + first round seconds, rounds per second) of the jitted round."""
   round_fn = fedavg.make_round(model, config, donate=donate)
   state = fedavg.init(model, config, keys.init)
   t = time.perf_counter()
-  state, _ = _block(round_fn(state, data, keys, client_ids=ids))
+  state, _ = _block(round_fn(state, data, keys, **round_kwargs))
   compile_s = time.perf_counter() - t
   t = time.perf_counter()
   for _ in range(rounds):
-    state, metrics = round_fn(state, data, keys, client_ids=ids)
+    state, _ = round_fn(state, data, keys, **round_kwargs)
   _block(state)
-  del metrics
   return compile_s, rounds / (time.perf_counter() - t)
 
 
@@ -158,12 +159,12 @@ def run(batch_sizes: Sequence[int] = (10, 50, 200),
         xla, config, data, keys, ids, rounds)
     if include_vmap_xla:
       row["vmap_xla_compile_s"], row["vmap_xla_rps"] = _time_vectorized(
-          xla, config, data, keys, ids, rounds, donate=True)
+          xla, config, data, keys, rounds, donate=True, client_ids=ids)
       row["vmap_xla_vs_loop"] = row["vmap_xla_rps"] / row["loop_xla_rps"]
     row["ours_client_chunk"] = chunk
     row["ours_compile_s"], row["ours_rps"] = _time_vectorized(
         patches, dataclasses.replace(config, client_chunk=chunk), data, keys,
-        ids, rounds, donate=True)
+        rounds, donate=True, client_ids=ids)
     row["ours_vs_loop"] = row["ours_rps"] / row["loop_xla_rps"]
     row["max_abs_diff"] = _one_round_diff((xla, patches), config, data, keys,
                                           ids)
@@ -186,16 +187,9 @@ def time_mnist(rounds: int = 20, verbose: bool = True,
       client_chunk=1 if jax.default_backend() == "cpu" else 0)
   test = fedavg.make_eval_data(np.asarray(data.x[:50]).reshape(-1, 28, 28, 1),
                                np.asarray(data.y[:50]).reshape(-1), 1000)
-  round_fn = fedavg.make_round(model, config, donate=True)
-  state = fedavg.init(model, config, keys.init)
-  t = time.perf_counter()
-  state, _ = _block(round_fn(state, data, keys, test=test))
-  compile_s = time.perf_counter() - t
-  t = time.perf_counter()
-  for _ in range(rounds):
-    state, _ = round_fn(state, data, keys, test=test)
-  _block(state)
-  per_round = (time.perf_counter() - t) / rounds
+  compile_s, rps = _time_vectorized(model, config, data, keys, rounds,
+                                    donate=True, test=test)
+  per_round = 1.0 / rps
   res = {"model": f"lenet ({conv_impl})", "clients": 100, "clients_per_round": 10,
          "batch_size": 50, "local_epochs": 1, "test_examples": 10000,
          "rounds_measured": rounds, "s_per_round": per_round,
