@@ -178,12 +178,13 @@ def read_metrics(workdir: str, upto_round: Optional[int] = None
 def _check_config(config: ml_collections.ConfigDict) -> None:
   if config.rounds < 1:
     raise ValueError(f"rounds must be >= 1, got {config.rounds}.")
-  if config.local_epochs == 0 and config.local_steps < 1:
-    raise ValueError(f"local_steps must be >= 1 (or set local_epochs), got "
-                     f"{config.local_steps}.")
-  if config.clients_per_round < 1:
-    raise ValueError(f"clients_per_round must be >= 1, got "
-                     f"{config.clients_per_round}.")
+  # FedAvg's own checks (the model-independent ones), before data is loaded.
+  fedavg.FedAvgConfig(
+      clients_per_round=config.clients_per_round,
+      local_steps=config.local_steps, local_epochs=config.local_epochs,
+      batch_size=config.batch_size, l2=config.l2,
+      defense_at=config.defense_at, weighting=config.weighting,
+      replace=config.replace).validate()
   if not config.replace and config.clients_per_round > config.num_clients:
     raise ValueError(
         f"clients_per_round={config.clients_per_round} exceeds "
