@@ -16,10 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from repdef_jax import attacks
-from repdef_jax import data
 from repdef_jax import defenses
 from repdef_jax import fedavg
 from repdef_jax import gradients
@@ -29,6 +27,8 @@ _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 from experiments import attack as attack_main  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+NUM_MOCK = 8  # examples per split for the mock_env fixture
 
 
 def _leaves_equal(a, b) -> bool:
@@ -154,15 +154,6 @@ def test_fedavg_defense_toggle_keeps_sampling_init_and_batch_order():
     else:
       assert _leaves_equal(plan, reference)
   del model
-
-
-@pytest.fixture()
-def mock_env(tmp_path, monkeypatch):
-  monkeypatch.setenv("REPDEF_JAX_CACHE", str(tmp_path / "cache"))
-  data.clear_cache()
-  with tfds.testing.mock_data(num_examples=8):
-    yield tmp_path
-  data.clear_cache()
 
 
 MAIN = {"dataset": "mnist", "model": "logreg", "attack": "gs",

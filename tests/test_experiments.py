@@ -11,7 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -28,14 +27,6 @@ from repdef_jax import training  # noqa: E402
 from repdef_jax import visual  # noqa: E402
 
 NUM_MOCK = 120
-
-
-@pytest.fixture()
-def mock_env(tmp_path, monkeypatch):
-  monkeypatch.setenv("REPDEF_JAX_CACHE", str(tmp_path / "cache"))
-  monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
-  with tfds.testing.mock_data(num_examples=NUM_MOCK):
-    yield tmp_path
 
 
 def _run(module, cfg_module, tmp_path, name, **overrides):

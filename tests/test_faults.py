@@ -19,9 +19,7 @@ import sys
 import ml_collections
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
-from repdef_jax import data
 from repdef_jax import training
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -32,15 +30,6 @@ from experiments import attack as attack_main  # pylint: disable=g-import-not-at
 
 class Killed(BaseException):
   """Stands for SIGKILL: not an Exception, so no handler swallows it."""
-
-
-@pytest.fixture()
-def mock_env(tmp_path, monkeypatch):
-  monkeypatch.setenv("REPDEF_JAX_CACHE", str(tmp_path / "cache"))
-  data.clear_cache()
-  with tfds.testing.mock_data(num_examples=120):
-    yield tmp_path
-  data.clear_cache()
 
 
 def _temp_files(folder):

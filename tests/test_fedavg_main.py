@@ -5,7 +5,6 @@ import sys
 
 import ml_collections
 import pytest
-import tensorflow_datasets as tfds
 
 from repdef_jax import training
 
@@ -32,13 +31,6 @@ def _config(**overrides):
   c.plot = False
   c.update(overrides)
   return c
-
-
-@pytest.fixture()
-def mock_env(tmp_path, monkeypatch):
-  monkeypatch.setenv("REPDEF_JAX_CACHE", str(tmp_path / "cache"))
-  with tfds.testing.mock_data(num_examples=NUM_MOCK):
-    yield tmp_path
 
 
 def _files(workdir):
