@@ -658,9 +658,19 @@ def make_loop_fns(model: models_lib.Model, config: FedAvgConfig):
 
 
 def make_mesh(num_devices: Optional[int] = None) -> jax.sharding.Mesh:
-  """A 1-D mesh with a 'clients' axis over the first ``num_devices`` devices."""
+  """A 1-D mesh with a 'clients' axis over the first ``num_devices`` devices.
+
+  After ``jax.distributed`` starts (:mod:`repdef_jax.distributed`),
+  ``jax.devices()`` lists every process's devices; a multi-process mesh
+  spans all of them (every process runs its share of the clients), so there
+  ``num_devices`` must be None or the global device count.
+  """
   devices = jax.devices()
   n = len(devices) if num_devices is None else int(num_devices)
   if not 1 <= n <= len(devices):
     raise ValueError(f"num_devices must be in [1, {len(devices)}], got {n}.")
+  if jax.process_count() > 1 and n != len(devices):
+    raise ValueError(
+        f"num_devices={n}: a multi-process mesh spans every process's "
+        f"devices; use None (all {len(devices)}).")
   return jax.sharding.Mesh(np.asarray(devices[:n]), (CLIENTS_AXIS,))
