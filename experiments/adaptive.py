@@ -1,4 +1,4 @@
-"""Entry point: see :mod:`repdef_jax.adaptive` and experiments/configs/adaptive.py.
+"""Entry point: see :mod:`repdef_jax.paper.adaptive` and experiments/configs/adaptive.py.
 
   python -m experiments.adaptive --config=experiments/configs/adaptive.py:quick \
       --workdir=/tmp/adaptive --data_dir=$TFDS_DATA_DIR
@@ -9,7 +9,7 @@ Rerunning the same command reuses finished cells.
 from absl import app
 
 from experiments import config_entry
-from repdef_jax import adaptive
+from repdef_jax.paper import adaptive
 
 main = config_entry.make_main("adaptive", adaptive.run)
 

@@ -44,7 +44,7 @@ What is reported:
 The persistent compilation cache is *not* enabled here, so compile times are
 real cold compiles. ``--quick`` uses fewer configurations and repeats and
 finishes in a few minutes on a 2-core CPU; its numbers are indicative only.
-Outputs are written atomically (:mod:`repdef_jax.io`).
+Outputs are written atomically (:mod:`repdef_jax.storage`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from typing import Any, Sequence
 from absl import app
 from absl import flags
 
-from repdef_jax import io as io_lib
+from repdef_jax import storage
 
 PARTS = ("gradients", "defense", "attack", "fedavg")
 
@@ -614,8 +614,8 @@ def run_all(quick: bool = False, out_dir: str = "docs/benchmarks",
               f"{' | ' + r['note'] if r['note'] else ''}", flush=True)
       print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
   os.makedirs(out_dir, exist_ok=True)
-  io_lib.write_json(os.path.join(out_dir, "benchmarks.json"), report)
-  io_lib.write_text(os.path.join(out_dir, "BENCHMARKS.md"),
+  storage.write_json(os.path.join(out_dir, "benchmarks.json"), report)
+  storage.write_text(os.path.join(out_dir, "BENCHMARKS.md"),
                     render_markdown(report))
   if verbose:
     print(f"wrote {out_dir}/BENCHMARKS.md and benchmarks.json")
@@ -643,7 +643,7 @@ def main(argv):
   if FLAGS.part:
     mode = "quick" if FLAGS.quick else "full"
     out = run_part(FLAGS.part, SETTINGS[mode][FLAGS.part], FLAGS.runs or 1)
-    io_lib.write_json(FLAGS.child_out, out)
+    storage.write_json(FLAGS.child_out, out)
     return
   run_all(FLAGS.quick, FLAGS.out_dir, FLAGS.runs, FLAGS.parts, FLAGS.timeout)
 

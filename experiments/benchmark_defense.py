@@ -154,8 +154,8 @@ def main(argv):
   results = run(FLAGS.models, [int(b) for b in FLAGS.batches], FLAGS.repeats,
                 FLAGS.max_features)
   if FLAGS.out:
-    from repdef_jax import io  # pylint: disable=g-import-not-at-top
-    io.write_json(FLAGS.out, results)
+    from repdef_jax import storage  # pylint: disable=g-import-not-at-top
+    storage.write_json(FLAGS.out, results)
 
 
 if __name__ == "__main__":

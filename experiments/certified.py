@@ -1,4 +1,4 @@
-"""Entry point: see :mod:`repdef_jax.certified` and experiments/configs/certified.py.
+"""Entry point: see :mod:`repdef_jax.paper.theorem1` and experiments/configs/certified.py.
 
   python -m experiments.certified --config=experiments/configs/certified.py:quick \
       --workdir=/tmp/certified --data_dir=$TFDS_DATA_DIR
@@ -9,9 +9,9 @@ Rerunning the same command reuses finished cells.
 from absl import app
 
 from experiments import config_entry
-from repdef_jax import certified
+from repdef_jax.paper import theorem1
 
-main = config_entry.make_main("certified", certified.run)
+main = config_entry.make_main("certified", theorem1.run)
 
 if __name__ == "__main__":
   app.run(main)

@@ -1,4 +1,4 @@
-"""Entry point: see :mod:`repdef_jax.visual` and experiments/configs/visual.py.
+"""Entry point: see :mod:`repdef_jax.paper.visual` and experiments/configs/visual.py.
 
   python -m experiments.visual --config=experiments/configs/visual.py:quick \
       --workdir=/tmp/visual --data_dir=$TFDS_DATA_DIR
@@ -9,7 +9,7 @@ Rerunning the same command reuses finished cells.
 from absl import app
 
 from experiments import config_entry
-from repdef_jax import visual
+from repdef_jax.paper import visual
 
 main = config_entry.make_main("visual", visual.run)
 

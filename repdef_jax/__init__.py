@@ -8,11 +8,11 @@ from repdef_jax import data
 from repdef_jax import defenses
 from repdef_jax import fedavg
 from repdef_jax import gradients
-from repdef_jax import io
 from repdef_jax import metrics
 from repdef_jax import models
 from repdef_jax import partition
 from repdef_jax import schedules
+from repdef_jax import storage
 from repdef_jax.attacks import ATTACK_NAMES
 from repdef_jax.attacks import AttackResult
 from repdef_jax.attacks import get_attack

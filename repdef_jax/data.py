@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from repdef_jax import io as io_lib
+from repdef_jax import storage
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def _write_cache(path: str, images: np.ndarray, labels: np.ndarray) -> None:
   buffer = BytesIO()
   np.savez(buffer, images=images, labels=labels)
   try:
-    io_lib.write_bytes(path, buffer.getvalue())
+    storage.write_bytes(path, buffer.getvalue())
   except OSError as error:
     logger.warning("Not caching %s (cache directory not writable?): %s",
                    path, error)

@@ -43,7 +43,7 @@ from repdef_jax.defenses import soteria
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
-from experiments import attack as attack_main  # pylint: disable=g-import-not-at-top,wrong-import-position
+from repdef_jax.paper import main_job as attack_main  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TABLE: dict[str, str] = {}
 

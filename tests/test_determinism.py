@@ -26,7 +26,7 @@ from repdef_jax import models
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
-from experiments import attack as attack_main  # pylint: disable=g-import-not-at-top,wrong-import-position
+from repdef_jax.paper import main_job as attack_main  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 NUM_MOCK = 8  # examples per split for the mock_env fixture
 

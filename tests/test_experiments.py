@@ -20,11 +20,12 @@ from experiments.configs import adaptive as adaptive_cfg  # noqa: E402
 from experiments.configs import certified as certified_cfg  # noqa: E402
 from experiments.configs import tradeoff as tradeoff_cfg  # noqa: E402
 from experiments.configs import visual as visual_cfg  # noqa: E402
-from repdef_jax import adaptive  # noqa: E402
-from repdef_jax import certified  # noqa: E402
-from repdef_jax import tradeoff  # noqa: E402
+from repdef_jax.paper import adaptive  # noqa: E402
+from repdef_jax.paper import theorem1  # noqa: E402
+from repdef_jax.paper import tradeoff  # noqa: E402
 from repdef_jax import training  # noqa: E402
-from repdef_jax import visual  # noqa: E402
+from repdef_jax.paper import settings  # noqa: E402
+from repdef_jax.paper import visual  # noqa: E402
 
 NUM_MOCK = 120
 
@@ -56,15 +57,15 @@ def test_presets_exist():
 
 
 def test_federated_setting():
-  paper = training.federated_setting("paper")
+  paper = settings.federated_setting("paper")
   assert (paper.num_clients, paper.classes_per_client, paper.samples_per_class,
           paper.clients_per_round) == (100, 2, 100, 10)
   assert set(paper.keys()) <= set(training.default_config().keys())
-  assert training.federated_setting("tiny", rounds=3).rounds == 3
+  assert settings.federated_setting("tiny", rounds=3).rounds == 3
   with pytest.raises(ValueError, match="setting 'nope'"):
-    training.federated_setting("nope")
+    settings.federated_setting("nope")
   with pytest.raises(ValueError, match="roundz"):
-    training.federated_setting("paper", roundz=3)
+    settings.federated_setting("paper", roundz=3)
 
 
 def test_tradeoff_end_to_end(mock_env):
@@ -105,7 +106,7 @@ def test_visual_end_to_end(mock_env):
 
 
 def test_certified_end_to_end(mock_env):
-  result, workdir, _ = _run(certified, certified_cfg, mock_env, "certified")
+  result, workdir, _ = _run(theorem1, certified_cfg, mock_env, "certified")
   assert {"certified.json", "certified.png"} <= set(os.listdir(workdir))
   rates = {c["rate"]: c for c in result["rates"]}
   assert rates[0.0]["certified_bound"] == 0.0  # nothing pruned, no bound

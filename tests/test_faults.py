@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -25,7 +26,8 @@ from repdef_jax import training
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
-from experiments import attack as attack_main  # pylint: disable=g-import-not-at-top,wrong-import-position
+from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top,wrong-import-position
+from repdef_jax.paper import main_job as attack_main  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 class Killed(BaseException):
@@ -82,13 +84,13 @@ def test_main_job_killed_at_every_write_resumes_without_loss(
     if kill_at == "replace":
       monkeypatch.setattr(attack_main.os, "replace", dying_replace)
     else:
-      monkeypatch.setattr(attack_main.json, "dump", dying_dump)
+      monkeypatch.setattr(json, "dump", dying_dump)
     before = (_read(workdir)["images"]
               if os.path.exists(os.path.join(workdir, "results.json")) else [])
     with pytest.raises(Killed):
       attack_main.run(MAIN, workdir, verbose=False)
     monkeypatch.setattr(attack_main.os, "replace", real_replace)
-    monkeypatch.setattr(attack_main.json, "dump", real_dump)
+    monkeypatch.setattr(json, "dump", real_dump)
     # Nothing half-written, nothing finished lost, no temporary file left:
     # the run finished kill_index - 1 more images, then died mid-write.
     assert not _temp_files(workdir)
@@ -122,9 +124,9 @@ def test_main_job_resume_keeps_finished_images_untouched(mock_env,
 def test_main_job_records_diverged_attack_and_goes_on(mock_env, monkeypatch):
   """A diverging DLG: every image recorded diverged=True, run completes."""
   monkeypatch.setattr(
-      attack_main, "_attack_overrides",
-      lambda attack, iterations: {"outer_steps": 2, "inner_steps": 2,
-                                  "max_abs_pixel": 1e-3})
+      harness, "attack_overrides",
+      lambda attack, iterations=None, restarts=None: {
+          "outer_steps": 2, "inner_steps": 2, "max_abs_pixel": 1e-3})
   workdir = str(mock_env / "div")
   res = attack_main.run({**MAIN, "attack": "dlg", "num_images": 2}, workdir,
                         verbose=False)
@@ -175,8 +177,18 @@ def _train(config, workdir, data_dir):
 
 
 def _files(workdir):
-  return {n: open(os.path.join(workdir, n), "rb").read()
-          for n in sorted(os.listdir(workdir)) if not n.endswith(".png")}
+  """Every file's bytes, the checkpoint folder's entries and each checkpoint's
+  arrays (orbax's own metadata files carry timestamps)."""
+  out = {n: open(os.path.join(workdir, n), "rb").read()
+         for n in sorted(os.listdir(workdir))
+         if not n.endswith(".png") and n != training.CHECKPOINT_DIR}
+  folder = os.path.join(workdir, training.CHECKPOINT_DIR)
+  if os.path.isdir(folder):
+    out[training.CHECKPOINT_DIR] = {
+        n: [a.tobytes() for a in jax.tree_util.tree_leaves(
+            training.load_checkpoint(str(workdir), int(n)))]
+        if n.isdigit() else None for n in sorted(os.listdir(folder))}
+  return out
 
 
 def test_training_killed_twice_including_during_resume(mock_env,
@@ -261,7 +273,7 @@ def test_training_nan_is_detected_and_run_stops_cleanly(mock_env,
 def test_benchmark_report_renders_and_is_written_atomically(tmp_path,
                                                             monkeypatch):
   from experiments import benchmark  # pylint: disable=g-import-not-at-top
-  from repdef_jax import io as io_lib  # pylint: disable=g-import-not-at-top
+  from repdef_jax import storage  # pylint: disable=g-import-not-at-top
 
   child = {"runs": [{"dlg_seconds": 2.0, "dlg_compile_seconds": 5.0,
                      "dlg_iterations": 6000, "torch_dlg_seconds": 4.0,
@@ -286,14 +298,14 @@ def test_benchmark_report_renders_and_is_written_atomically(tmp_path,
   assert "Targets met: 0 of 2" in md
   # A kill while replacing BENCHMARKS.md keeps the old file, no temp left.
   path = tmp_path / "BENCHMARKS.md"
-  io_lib.write_text(str(path), "old\n")
+  storage.write_text(str(path), "old\n")
 
   def dying_replace(src, dst):
     raise Killed()
 
-  monkeypatch.setattr(io_lib.os, "replace", dying_replace)
+  monkeypatch.setattr(storage.os, "replace", dying_replace)
   with pytest.raises(Killed):
-    io_lib.write_text(str(path), md)
+    storage.write_text(str(path), md)
   monkeypatch.undo()
   assert path.read_text() == "old\n"
   assert os.listdir(tmp_path) == ["BENCHMARKS.md"]

@@ -1,8 +1,10 @@
 """End to end: the resumable FedAvg run under tfds.testing.mock_data."""
 
 import os
+import shutil
 import sys
 
+import jax
 import ml_collections
 import pytest
 
@@ -34,9 +36,19 @@ def _config(**overrides):
 
 
 def _files(workdir):
-  return {name: open(os.path.join(workdir, name), "rb").read()
-          for name in sorted(os.listdir(workdir))
-          if not name.endswith(".png")}
+  """Every file's bytes, the checkpoint folder's entries and each checkpoint's
+  arrays (orbax's own metadata files carry timestamps)."""
+  out = {name: open(os.path.join(workdir, name), "rb").read()
+         for name in sorted(os.listdir(workdir))
+         if not name.endswith(".png") and name != training.CHECKPOINT_DIR}
+  folder = os.path.join(workdir, training.CHECKPOINT_DIR)
+  if os.path.isdir(folder):
+    names = sorted(os.listdir(folder))
+    out[training.CHECKPOINT_DIR] = {
+        n: [a.tobytes() for a in jax.tree_util.tree_leaves(
+            training.load_checkpoint(str(workdir), int(n)))]
+        if n.isdigit() else None for n in names}
+  return out
 
 
 def _run(config, workdir, data_dir):
@@ -54,8 +66,8 @@ def test_resume_after_kill_equals_uninterrupted(mock_env, monkeypatch):
   full = _run(_config(), mock_env / "full", data_dir)
   assert [r["round"] for r in full["metrics"]] == [1, 2, 3, 4]
   reference = _files(mock_env / "full")
-  assert set(reference) == {"checkpoint.msgpack", "config.json",
-                            "metrics.jsonl"}
+  assert set(reference) == {"checkpoints", "config.json", "metrics.jsonl"}
+  assert set(reference["checkpoints"]) == {"2", "4"}
 
   # 1. Killed after round 3 (checkpoint at 2): rerun the same command.
   real_append = training._append_line  # pylint: disable=protected-access
@@ -88,29 +100,45 @@ def test_resume_after_kill_equals_uninterrupted(mock_env, monkeypatch):
   _run(_config(), mock_env / "b", data_dir)
   assert _files(mock_env / "b") == reference
 
-  # 3. Killed while replacing the second checkpoint (round 4).
-  real_replace = os.replace
-  calls = []
-
-  def dying_replace(src, dst):
-    if dst.endswith(training.CHECKPOINT_FILE):
-      calls.append(dst)
-      if len(calls) == 2:
-        raise _Killed()
-    return real_replace(src, dst)
-
-  monkeypatch.setattr(training.os, "replace", dying_replace)
-  with pytest.raises(_Killed):
-    _run(_config(), mock_env / "c", data_dir)
-  monkeypatch.setattr(training.os, "replace", real_replace)
-  assert not [f for f in os.listdir(mock_env / "c") if f.endswith(".tmp")]
+  # 3. Killed while writing the second checkpoint (round 4): what the kill
+  # leaves on disk is orbax's unfinished temporary folder, never "4".
+  shutil.copytree(mock_env / "full", mock_env / "c")
+  folder = mock_env / "c" / training.CHECKPOINT_DIR
+  tmp = folder / "4.orbax-checkpoint-tmp-1010101"
+  os.rename(folder / "4", tmp)
+  os.remove(tmp / "_CHECKPOINT_METADATA")
+  shutil.rmtree(tmp / "default" / "d")
   _run(_config(), mock_env / "c", data_dir)
   assert _files(mock_env / "c") == reference
 
-  # 4. A different configuration in the same workdir: error, nothing changes.
+  # 4. Three checkpoints are kept (checkpoints_to_keep), the oldest dropped.
+  _run(_config(rounds=8, checkpoint_every=1, checkpoints_to_keep=3),
+       mock_env / "keep", data_dir)
+  assert sorted(os.listdir(mock_env / "keep" / "checkpoints")) == [
+      "6", "7", "8"]
+
+  # 5. A different configuration in the same workdir: error, nothing changes.
   with pytest.raises(ValueError, match="different configuration"):
     _run(_config(client_lr=0.2), mock_env / "full", data_dir)
   assert _files(mock_env / "full") == reference
+
+
+def test_legacy_msgpack_checkpoint_gets_a_clear_message(mock_env):
+  """A workdir of the flax-msgpack era: one-line error naming the file and
+  what to do; nothing is written."""
+  data_dir = mock_env / "data"
+  workdir = mock_env / "old"
+  workdir.mkdir()
+  config = _config(rounds=2, data_dir=str(data_dir))
+  (workdir / training.CONFIG_FILE).write_text(config.to_json())
+  (workdir / training.LEGACY_CHECKPOINT_FILE).write_bytes(b"msgpack")
+  before = _files(workdir)
+  with pytest.raises(ValueError) as err:
+    _run(_config(rounds=2), workdir, data_dir)
+  msg = str(err.value)
+  assert "\n" not in msg
+  assert "checkpoint.msgpack" in msg and "another --workdir" in msg
+  assert _files(workdir) == before
 
 
 def test_bad_input_gives_clear_errors(mock_env):
@@ -153,7 +181,7 @@ def test_entry_point_end_to_end(mock_env):
     os.chdir(here)
     flags.FLAGS.unparse_flags()
   names = set(os.listdir(workdir))
-  assert {"config.json", "checkpoint.msgpack", "metrics.jsonl",
+  assert {"config.json", "checkpoints", "metrics.jsonl",
           "accuracy.png"} <= names
   records = training.read_metrics(str(workdir))
   assert [r["round"] for r in records] == [1, 2]

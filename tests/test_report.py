@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from repdef_jax import io as io_lib
-from repdef_jax import report
-from repdef_jax import tradeoff
+from repdef_jax import storage
+from repdef_jax.paper import report
+from repdef_jax.paper import tradeoff
 
 
 def _pt(strength, acc, mse, ssim=0.5):
@@ -48,19 +48,19 @@ def _fake_results(workdir):
   panel = {"dataset": "mnist", "attack": "dlg", "curves": curves,
            **tradeoff.summarize(curves, tol=0.01, unrec_metric="ssim",
                                 unrec_threshold=0.2)}
-  io_lib.write_json(os.path.join(workdir, "tradeoff", "tradeoff.json"), {
+  storage.write_json(os.path.join(workdir, "tradeoff", "tradeoff.json"), {
       "config": {"seed": 3, "equal_accuracy_tol": 0.01},
       "pixel_space": "[0,1]", "definitions": {"mse": "raw"},
       "panels": {"mnist/dlg": panel}})
   with open(os.path.join(workdir, "tradeoff", "tradeoff.png"), "wb") as f:
     f.write(b"\x89PNG fake")
-  io_lib.write_json(os.path.join(workdir, "certified", "certified.json"), {
+  storage.write_json(os.path.join(workdir, "certified", "certified.json"), {
       "config": {"seed": 0, "attacks": ["gs"]}, "pixel_space": "[0,1]",
       "rates": [{"rate": 0.0, "certified_bound": 0.0, "gs_distance": 1.0},
                 {"rate": 50.0, "certified_bound": 0.5,
                  "gs_distance": 3.0}],
       "fraction_attack_distance_above_bound": {"gs": 1.0}})
-  io_lib.write_json(os.path.join(workdir, "repinfer", "repinfer.json"), {
+  storage.write_json(os.path.join(workdir, "repinfer", "repinfer.json"), {
       "config": {"seed": 0},
       "inference": {"correlation_summary": {"head": {
           "mean": 0.9, "median": 0.92, "max": 0.99, "min": 0.7,
@@ -69,7 +69,7 @@ def _fake_results(workdir):
           "representation": {"mse": 0.01, "psnr": 20.0},
           "gradient": {"mse": 0.01, "psnr": 20.0},
           "conv_gradient": {"mse": 0.1, "psnr": 10.0}}}})
-  io_lib.write_json(os.path.join(workdir, "adaptive", "adaptive.json"), {
+  storage.write_json(os.path.join(workdir, "adaptive", "adaptive.json"), {
       "config": {"seed": 0}, "pixel_space": "[0,1]",
       "verdict_rule": "holds when mean SSIM <= 0.2",
       "cells": [{"model": "lenet5", "stage": "init", "variant": "reference",
@@ -100,7 +100,7 @@ def test_report_has_every_part_ours_and_paper(tmp_path):
 
 
 def test_report_survives_malformed_part(tmp_path):
-  io_lib.write_json(os.path.join(str(tmp_path), "certified",
+  storage.write_json(os.path.join(str(tmp_path), "certified",
                                  "certified.json"), {"config": {}})
   text = report.render(report.collect(str(tmp_path)), workdir=str(tmp_path),
                        report_dir=str(tmp_path))

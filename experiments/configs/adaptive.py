@@ -22,7 +22,7 @@ rows and the other layers determine the image (the leakage CNN).
 
 import ml_collections
 
-from repdef_jax import training
+from repdef_jax.paper import settings
 
 
 def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
@@ -45,7 +45,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.restarts = 2
   c.give_labels = True
   c.unrecognisable_threshold = 0.2
-  c.train = training.federated_setting("paper", rounds=50,
+  c.train = settings.federated_setting("paper", rounds=50,
                                        max_test_examples=1000)
   if preset == "quick":
     c.families = ("gs",)
@@ -63,7 +63,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.num_images = 1
     c.attack_iterations = ml_collections.ConfigDict({"dlg": 2, "gs": 3})
     c.restarts = 1
-    c.train = training.federated_setting("tiny")
+    c.train = settings.federated_setting("tiny")
   elif preset != "full":
     raise ValueError(f"unknown preset {preset!r}; use 'quick' or 'full'.")
   return c

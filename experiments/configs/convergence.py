@@ -36,12 +36,14 @@ paper's claim that the defense keeps convergence).
 import ml_collections
 
 from repdef_jax import training
+from repdef_jax.paper import settings
 
 
 def get_config(preset: str = "full"):
-  """'full' (200 rounds, 15 settings) or 'quick' (20 rounds, 3 settings)."""
+  """'full' (200 rounds, 15 settings), 'quick' (20 rounds, 3 settings) or
+  'tiny' (tests)."""
   base = training.default_config()
-  base.update(training.federated_setting(
+  base.update(settings.federated_setting(
       "paper", local_steps=10, client_lr=0.05, checkpoint_every=20,
       log_every=20).to_dict())
   base.dataset = "mnist"
@@ -52,6 +54,7 @@ def get_config(preset: str = "full"):
   base.defense_strength = 80.0  # Soteria: percent of features pruned.
 
   config = ml_collections.ConfigDict()
+  config.data_dir = ""  # Overrides base.data_dir (--data_dir).
   config.base = base
   # (local_steps, clients_per_round): vary I at K = 10, then K at I = 10.
   config.local_steps = (1, 5, 10, 20)
@@ -66,6 +69,13 @@ def get_config(preset: str = "full"):
     base.local_steps = 5
     config.local_steps = (5,)
     config.clients_per_round = ()
+  elif preset == "tiny":
+    base.update(dict(rounds=1, local_steps=5, num_clients=4,
+                     samples_per_class=2, max_test_examples=20, eval_batch=20,
+                     checkpoint_every=1, log_every=1))
+    config.local_steps = (5,)
+    config.clients_per_round = ()
   elif preset != "full":
-    raise ValueError(f"unknown preset {preset!r}; use 'full' or 'quick'.")
+    raise ValueError(f"unknown preset {preset!r}; use 'full', 'quick' or "
+                     "'tiny'.")
   return config

@@ -20,12 +20,13 @@ around 0.85-0.9 after 200 rounds (logreg on non-IID MNIST).
 """
 
 from repdef_jax import training
+from repdef_jax.paper import settings
 
 
 def get_config():
   """The paper's MNIST setting (see module docstring)."""
   config = training.default_config()
-  config.update(training.federated_setting(
+  config.update(settings.federated_setting(
       "paper", client_lr=0.05, log_every=1).to_dict())
   config.dataset = "mnist"
   config.model = "logreg"

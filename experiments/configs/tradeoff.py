@@ -29,7 +29,7 @@ version: its accuracies are far from converged and its ratios noisy.
 
 import ml_collections
 
-from repdef_jax import training
+from repdef_jax.paper import settings
 
 
 def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
@@ -63,7 +63,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.equal_accuracy_tol = 0.01
   c.unrecognisable_metric = "ssim"
   c.unrecognisable_threshold = 0.2
-  c.train = training.federated_setting("paper", log_every=1, client_lr=0.05)
+  c.train = settings.federated_setting("paper", log_every=1, client_lr=0.05)
   if preset == "quick":
     c.datasets = ("mnist",)
     c.defenses = ml_collections.ConfigDict({
@@ -88,7 +88,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.attack_iterations = ml_collections.ConfigDict({"dlg": 2, "gs": 5})
     c.gs_restarts = 1
     c.accuracy_window = 1
-    c.train = training.federated_setting("tiny")
+    c.train = settings.federated_setting("tiny")
   elif preset != "full":
     raise ValueError(f"unknown preset {preset!r}; use 'quick', 'full' or "
                      "'tiny'.")

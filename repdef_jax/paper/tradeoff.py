@@ -23,7 +23,7 @@ For every dataset, defense and strength of a sweep this module measures
 
 Each (dataset, defense, strength) training cell and each (dataset, attack,
 defense, strength) attack cell is a JSON file written atomically under
-``workdir/cells`` and skipped when present (:class:`repdef_jax.evaluation.
+``workdir/cells`` and skipped when present (:class:`repdef_jax.paper.harness.
 CellStore`): a killed sweep resumes.
 
 Definitions used by the summary (documented in the JSON and the report):
@@ -54,15 +54,13 @@ import os
 import time
 from typing import Any, Sequence
 
-import jax
 import ml_collections
 import numpy as np
 
 from repdef_jax import data as data_lib
 from repdef_jax import defenses as defenses_lib
-from repdef_jax import evaluation
-from repdef_jax import fedavg
-from repdef_jax import io as io_lib
+from repdef_jax.paper import harness
+from repdef_jax import storage
 from repdef_jax import models as models_lib
 from repdef_jax import training
 
@@ -257,10 +255,9 @@ def _attack_cell(config, dataset, attack, defense, strength, model, params,
   d = defenses_lib.get_defense(defense, strength, model=model)
   per_image = []
   for i in range(len(images)):
-    m, _, _ = evaluation.defend_and_attack(
+    m, _, _ = harness.defend_and_attack(
         model, params, d, images[i:i + 1], labels[i:i + 1], attack,
-        jax.random.fold_in(keys["attack"], i),
-        jax.random.fold_in(keys["defense"], i),
+        *harness.image_keys(keys, i),
         iterations=config.attack_iterations.get(attack) or None,
         restarts=config.gs_restarts or None,
         give_labels=config.give_labels)
@@ -269,8 +266,8 @@ def _attack_cell(config, dataset, attack, defense, strength, model, params,
          "strength": strength, "images": per_image}
   for k in ("mse", "mse_clamped", "psnr", "ssim", "input_distance"):
     vals = np.array([float(m[k]) for m in per_image])
-    out[k] = evaluation._finite_or_str(np.mean(vals))  # pylint: disable=protected-access
-    out[k + "_median"] = evaluation._finite_or_str(np.median(vals))  # pylint: disable=protected-access
+    out[k] = harness.finite_or_str(np.mean(vals))
+    out[k + "_median"] = harness.finite_or_str(np.median(vals))
   out["diverged_fraction"] = float(np.mean([m["diverged"] for m in per_image]))
   for k in per_image[0]:
     if k.startswith("defense/"):
@@ -298,10 +295,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
-  store = evaluation.CellStore(os.path.join(workdir, "cells"))
+  store = harness.CellStore(os.path.join(workdir, "cells"))
   cells = sweep_cells(config)
   n_total = len(config.datasets) * len(cells) * (1 + len(config.attacks))
-  progress = evaluation.Progress(n_total, "tradeoff")
+  progress = harness.Progress(n_total, "tradeoff")
   panels = {}
   train_cells = {}
   for dataset in config.datasets:
@@ -309,17 +306,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     model = models_lib.get_model(config.model, info.image_shape,
                                  info.num_classes, init=config.model_init)
     # The attacked parameters: the federated run's initial global model.
-    params = model.init(fedavg.key_streams(config.seed).init)
+    params = model.init(harness.sweep_keys(config.seed).init)
     images, labels = data_lib.load(dataset, "test", config.data_dir or None,
                                    max_examples=config.num_images)
     images = data_lib.to_float(np.asarray(images))
     labels = np.asarray(labels, np.int32)
-    root = jax.random.key(config.seed)
-    keys = {"attack": jax.random.fold_in(root, 101),
-            "defense": jax.random.fold_in(root, 102)}
+    keys = harness.sweep_keys(config.seed)
     accuracy = {}
     for defense, strength in cells:
-      name = evaluation.cell_name(dataset, "train", defense, strength)
+      name = harness.cell_name(dataset, "train", defense, strength)
       cell = store.get_or_run(
           name, lambda d=defense, s=strength, n=name: _train_cell(
               config, dataset, d, s, os.path.join(workdir, "runs", n)),
@@ -330,7 +325,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     for attack in config.attacks:
       curves: dict[str, list[dict]] = {}
       for defense, strength in cells:
-        name = evaluation.cell_name(dataset, attack, defense, strength)
+        name = harness.cell_name(dataset, attack, defense, strength)
         cell = store.get_or_run(
             name, lambda a=attack, d=defense, s=strength: _attack_cell(
                 config, dataset, a, d, s, model, params, images, labels,
@@ -372,18 +367,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "panels": panels,
       "seconds": time.perf_counter() - start,
   }
-  io_lib.write_json(os.path.join(workdir, RESULT_FILE), result)
+  storage.write_json(os.path.join(workdir, RESULT_FILE), result)
   plot(result, os.path.join(workdir, PLOT_FILE), metric="mse_clamped")
   plot(result, os.path.join(workdir, PLOT_RAW_FILE), metric="mse")
   return result
 
 
+def report(result: dict, workdir: str) -> None:
+  """Prints the MSE ratios and the accuracy drops at the threshold."""
+  del workdir
+  for key, panel in result["panels"].items():
+    for b, r in panel["ratios"].items():
+      print(f"{key}: MSE ratio soteria/{b} at equal accuracy: max "
+            f"{r['mse']['max']} (raw), {r['mse_clamped']['max']} (clamped)")
+    for d, u in panel["unrecognisable"].items():
+      print(f"{key}: {d} unrecognisable at strength {u['strength']}, "
+            f"accuracy drop {u['accuracy_drop']}")
+
+
 def plot(result: dict[str, Any], path: str, metric: str = "mse_clamped"
          ) -> None:
   """Accuracy vs MSE, one panel per (dataset, attack), one line per defense."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = storage.pyplot()
   panels = result["panels"]
   n = max(len(panels), 1)
   fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
@@ -401,5 +406,5 @@ def plot(result: dict[str, Any], path: str, metric: str = "mse_clamped"
     ax.set_title(key, fontsize=9)
     ax.legend(fontsize=6)
   fig.tight_layout()
-  io_lib.save_figure(fig, path, dpi=100)
+  storage.save_figure(fig, path, dpi=100)
   plt.close(fig)

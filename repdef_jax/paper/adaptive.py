@@ -32,15 +32,14 @@ import os
 import time
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
 from repdef_jax import data as data_lib
 from repdef_jax import defenses as defenses_lib
-from repdef_jax import evaluation
+from repdef_jax.paper import harness
 from repdef_jax import fedavg
-from repdef_jax import io as io_lib
+from repdef_jax import storage
 from repdef_jax import models as models_lib
 from repdef_jax import training
 
@@ -77,7 +76,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs every (model, stage, variant, rate, attack) cell; writes outputs."""
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
-  store = evaluation.CellStore(os.path.join(workdir, "cells"))
+  store = harness.CellStore(os.path.join(workdir, "cells"))
   info = data_lib.get_info(config.dataset)
   models = {name: models_lib.get_model(name, info.image_shape,
                                        info.num_classes, init=config.model_init)
@@ -87,7 +86,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                  max_examples=config.num_images)
   images = data_lib.to_float(np.asarray(images))
   labels = np.asarray(labels, np.int32)
-  root = jax.random.key(config.seed)
+  keys = harness.sweep_keys(config.seed)
   attacks = [a for fam in config.families
              for a in (fam, f"{fam}_drop", f"{fam}_mask")]
   cells_spec = []
@@ -99,7 +98,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         for rate in config.rates:
           for attack in attacks:
             cells_spec.append((name, stage, variant, float(rate), attack))
-  progress = evaluation.Progress(len(cells_spec), "adaptive")
+  progress = harness.Progress(len(cells_spec), "adaptive")
   params_by_stage = {}
   rows = []
   for name, stage, variant, rate, attack in cells_spec:
@@ -118,10 +117,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                      **VARIANTS[variant])
       per_image = []
       for i in range(len(images)):
-        m, _, _ = evaluation.defend_and_attack(
+        m, _, _ = harness.defend_and_attack(
             model, params, d, images[i:i + 1], labels[i:i + 1], attack,
-            jax.random.fold_in(root, 1000 + i),
-            jax.random.fold_in(root, 2000 + i),
+            *harness.image_keys(keys, i),
             iterations=config.attack_iterations.get(attack.split("_")[0])
             or None, restarts=config.restarts or None,
             give_labels=config.give_labels)
@@ -129,7 +127,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       out = {"model": model.name, "stage": stage, "variant": variant,
              "rate": rate, "attack": attack, "images": per_image}
       for k in ("mse", "mse_clamped", "ssim", "psnr"):
-        out[k] = evaluation._finite_or_str(  # pylint: disable=protected-access
+        out[k] = harness.finite_or_str(
             np.mean([float(m[k]) for m in per_image]))
       for k in per_image[0]:
         if k.startswith("defense/"):
@@ -137,7 +135,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       return out
 
     rows.append(store.get_or_run(
-        evaluation.cell_name(name, stage, variant, rate, attack), fn,
+        harness.cell_name(name, stage, variant, rate, attack), fn,
         progress))
   thr = config.unrecognisable_threshold
   works = {(r["model"], r["stage"], r["attack"]): r["ssim"] > thr
@@ -158,16 +156,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             "cells": [{k: v for k, v in r.items() if k != "images"}
                       for r in rows],
             "seconds": time.perf_counter() - start}
-  io_lib.write_json(os.path.join(workdir, RESULT_FILE), result)
+  storage.write_json(os.path.join(workdir, RESULT_FILE), result)
   plot(result, os.path.join(workdir, PLOT_FILE))
   return result
 
 
 def plot(result: dict[str, Any], path: str) -> None:
   """SSIM vs pruning rate: a panel per (model, stage, variant)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = storage.pyplot()
   cfg = result["config"]
   panel_rows = [(m, st) for m in cfg["models"] for st in cfg["stages"]]
   variants = list(cfg["variants"])
@@ -194,5 +190,5 @@ def plot(result: dict[str, Any], path: str) -> None:
       ax.set_ylabel("SSIM")
       ax.legend(fontsize=6)
   fig.tight_layout()
-  io_lib.save_figure(fig, path, dpi=100)
+  storage.save_figure(fig, path, dpi=100)
   plt.close(fig)

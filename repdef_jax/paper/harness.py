@@ -1,27 +1,9 @@
-"""Shared machinery of the paper-reproduction experiments.
+"""The harness every paper experiment shares: keys, attack runs, cells, images.
 
-Small host-side pieces the experiment scripts (``experiments/tradeoff.py``,
-``visual.py``, ``certified.py``, ``adaptive.py``) and the Colab notebooks
-share, so that none of them re-implements another:
-
-* :func:`attack_gradient`: run a registered attack
-  (:mod:`repdef_jax.attacks`) on one shared gradient and measure the
-  reconstruction with :mod:`repdef_jax.metrics` (raw MSE in the model's input
-  space, which is [0, 1] for every model here, plus clamped MSE, PSNR, SSIM).
-* :func:`defend_and_attack`: a client's gradient of a batch, the defense
-  applied to it (:mod:`repdef_jax.defenses`), then :func:`attack_gradient`.
-* :func:`attack_overrides`: a short-run override of an attack's iteration
-  count that works for DLG- and GS-type attacks alike.
-* :class:`CellStore`: a folder of result cells, one JSON file per cell,
-  written atomically (:func:`repdef_jax.io.write_json`) and skipped when it
-  exists, so an interrupted sweep resumes where it stopped.
-* :class:`Progress`: one-line progress with elapsed time and ETA.
-* :func:`load_images`: real images from TFDS when a data directory is known,
-  else deterministic synthetic ones (for notebooks and CI without data).
-* :func:`save_image_grid`: a labelled grid of images as a PNG.
-
-Everything device-side is delegated to jitted library functions; the loops
-here run over sweep cells on the host.
+Host-side glue over the jitted library (attacks, defenses, metrics): named key
+streams, one defend-then-attack step, resumable result cells, progress lines
+and image loading. The loops here run over sweep cells and images, never
+inside a computation.
 """
 
 from __future__ import annotations
@@ -32,7 +14,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,12 +23,64 @@ import numpy as np
 from repdef_jax import attacks as attacks_lib
 from repdef_jax import data as data_lib
 from repdef_jax import defenses as defenses_lib
+from repdef_jax import fedavg
 from repdef_jax import gradients
-from repdef_jax import io as io_lib
 from repdef_jax import metrics as metrics_lib
 from repdef_jax import models as models_lib
+from repdef_jax import storage
 
 Params = Any
+
+
+# --------------------------------------------------------------------------
+# Randomness: one seed, named streams.
+
+
+class SweepKeys(NamedTuple):
+  """The named PRNG streams of an experiment (big_vision style).
+
+  Attributes:
+    init: model initialisation; the federated run's own init stream
+      (:func:`repdef_jax.fedavg.key_streams`), so the attacked round-0 model
+      is the one FedAvg starts from.
+    data: which test images are drawn.
+    attack: attack randomness (dummy images); fold in the image index.
+    defense: defense randomness (noise); fold in the image index.
+  """
+
+  init: jax.Array
+  data: jax.Array
+  attack: jax.Array
+  defense: jax.Array
+
+
+def sweep_keys(seed: int) -> SweepKeys:
+  """Splits ``seed`` into :class:`SweepKeys` (init shared with FedAvg)."""
+  others = jax.random.split(jax.random.key(int(seed)), 3)
+  return SweepKeys(fedavg.key_streams(seed).init, *others)
+
+
+def image_keys(keys: SweepKeys, index: int) -> tuple[jax.Array, jax.Array]:
+  """The (attack, defense) keys of image ``index``: the same for every
+  defense, so all attacks on one image start from the same dummy."""
+  return (jax.random.fold_in(keys.attack, index),
+          jax.random.fold_in(keys.defense, index))
+
+
+def jsonable(v: Any) -> Any:
+  """``v`` with NumPy scalars as Python numbers and non-finite floats as
+  the strings 'inf' / '-inf' / 'nan' (portable JSON)."""
+  if isinstance(v, dict):
+    return {k: jsonable(x) for k, x in v.items()}
+  if isinstance(v, (list, tuple)):
+    return [jsonable(x) for x in v]
+  if isinstance(v, np.bool_):
+    return bool(v)
+  if isinstance(v, np.integer):
+    return int(v)
+  if isinstance(v, (np.floating, float)):
+    return finite_or_str(v)
+  return v
 
 
 # --------------------------------------------------------------------------
@@ -79,7 +113,8 @@ def attack_overrides(attack: attacks_lib.Attack,
   return out
 
 
-def _finite_or_str(v: float) -> float | str:
+def finite_or_str(v: float) -> float | str:
+  """``float(v)``, or its string when not finite (JSON has no inf/nan)."""
   v = float(v)
   return v if math.isfinite(v) else str(v)
 
@@ -128,29 +163,27 @@ def attack_gradient(model: models_lib.Model, params: Params, shared: Params,
     dist = np.sqrt(np.sum((x_rec.astype(np.float64) - x_true) ** 2,
                           axis=(1, 2, 3)))
   out = {
-      "mse": _finite_or_str(m["mse"]),
+      "mse": finite_or_str(m["mse"]),
       "mse_clamped": m["mse_clamped"],
-      "psnr": _finite_or_str(m["psnr"]),
+      "psnr": finite_or_str(m["psnr"]),
       "ssim": m["ssim"],
       "finite": m["finite"],
       "diverged": bool(res.diverged or not m["finite"]),
       "label_accuracy": metrics_lib.label_accuracy(
           np.asarray(res.labels_rec)[m["perm"]], labels),
-      "final_loss": _finite_or_str(res.final_loss),
+      "final_loss": finite_or_str(res.final_loss),
       "iterations": int(res.iterations),
       "seconds": seconds,
-      "input_distance": _finite_or_str(np.mean(dist)),
+      "input_distance": finite_or_str(np.mean(dist)),
       "pixel_space": m["pixel_space"],
   }
   return out, x_rec
 
 
-def defend_and_attack(model: models_lib.Model, params: Params,
-                      defense: defenses_lib.Defense, x: Any, y: Any,
-                      attack_name: str, key_attack: jax.Array,
-                      key_defense: jax.Array, **attack_kwargs
-                      ) -> tuple[dict, np.ndarray, Params]:
-  """A client's batch gradient, defended, then attacked.
+def defend(model: models_lib.Model, params: Params,
+           defense: defenses_lib.Defense, x: Any, y: Any,
+           key: jax.Array) -> tuple[Params, Params, dict[str, float]]:
+  """A client's batch gradient and what it shares after the defense.
 
   Args:
     model: the model.
@@ -158,25 +191,39 @@ def defend_and_attack(model: models_lib.Model, params: Params,
     defense: the defense applied to the gradient before it is shared.
     x: the client's images ``[B, H, W, C]`` in [0, 1].
     y: labels ``[B]``.
-    attack_name: registered attack name.
-    key_attack: attack key (use the same one across defenses so that every
-      attack starts from the same dummy).
-    key_defense: defense key.
-    **attack_kwargs: forwarded to :func:`attack_gradient`.
+    key: the defense's key.
 
   Returns:
-    ``(metrics, x_rec, shared)``; metrics also hold the defense's info
-    (prefixed ``defense/``).
+    ``(grads, shared, info)``: the true gradient, the defended one and the
+    defense's diagnostics as floats.
   """
   x = jnp.asarray(x, jnp.float32)
   y = jnp.asarray(y, jnp.int32)
   grads = gradients.batch_grad(model, params, x, y)
   shared, info = defense.apply(grads, defenses_lib.ClientBatch(params, x, y),
-                               key_defense)
+                               key)
+  return grads, shared, {k: float(v) for k, v in info.items()}
+
+
+def defend_and_attack(model: models_lib.Model, params: Params,
+                      defense: defenses_lib.Defense, x: Any, y: Any,
+                      attack_name: str, key_attack: jax.Array,
+                      key_defense: jax.Array, **attack_kwargs
+                      ) -> tuple[dict, np.ndarray, Params]:
+  """:func:`defend`, then :func:`attack_gradient` on what is shared.
+
+  Use the same ``key_attack`` across defenses so that every attack starts
+  from the same dummy.
+
+  Returns:
+    ``(metrics, x_rec, shared)``; metrics also hold the defense's info
+    (prefixed ``defense/``).
+  """
+  _, shared, info = defend(model, params, defense, x, y, key_defense)
   m, x_rec = attack_gradient(model, params, shared, x, y, attack_name,
                              key_attack, **attack_kwargs)
   for k, v in info.items():
-    m[f"defense/{k}"] = float(v)
+    m[f"defense/{k}"] = v
   return m, x_rec, shared
 
 
@@ -208,10 +255,10 @@ class CellStore:
     return os.path.join(self.folder, f"{name}.json")
 
   def get(self, name: str) -> dict | None:
-    return io_lib.read_json(self.path(name))
+    return storage.read_json(self.path(name))
 
   def put(self, name: str, value: dict) -> None:
-    io_lib.write_json(self.path(name), value)
+    storage.write_json(self.path(name), value)
 
   def get_or_run(self, name: str, fn: Callable[[], dict],
                  progress: "Progress | None" = None) -> dict:
@@ -353,9 +400,7 @@ def save_image_grid(path: str, rows: Sequence[Sequence[np.ndarray]],
     titles: optional per-image titles (e.g. metrics).
     suptitle: optional figure title.
   """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = storage.pyplot()
   n_rows = len(rows)
   n_cols = max(len(r) for r in rows)
   fig, axes = plt.subplots(n_rows, n_cols,
@@ -382,5 +427,5 @@ def save_image_grid(path: str, rows: Sequence[Sequence[np.ndarray]],
   if suptitle:
     fig.suptitle(suptitle, fontsize=8)
   fig.tight_layout()
-  io_lib.save_figure(fig, path, dpi=90)
+  storage.save_figure(fig, path, dpi=90)
   plt.close(fig)

@@ -18,7 +18,7 @@ import math
 import os
 from typing import Any
 
-from repdef_jax import io as io_lib
+from repdef_jax import storage
 
 # part name -> (result file, figures) inside workdir/<part>/.
 PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -54,7 +54,7 @@ PAPER = {
 
 def collect(workdir: str) -> dict[str, dict | None]:
   """``{part: result dict or None}`` for every part in :data:`PARTS`."""
-  return {part: io_lib.read_json(os.path.join(workdir, part, fname))
+  return {part: storage.read_json(os.path.join(workdir, part, fname))
           for part, (fname, _) in PARTS.items()}
 
 
@@ -333,5 +333,5 @@ def write_report(workdir: str, path: str | None = None, *,
   text = render(collect(workdir), workdir=workdir,
                 report_dir=os.path.dirname(os.path.abspath(path)),
                 runs=runs, preset=preset)
-  io_lib.write_text(path, text)
+  storage.write_text(path, text)
   return path

@@ -5,10 +5,10 @@
 * :func:`attack_vs_defense`: one image, one attack, several defenses:
   reconstructions and metrics (notebook 1 and 3).
 * :func:`federated_tradeoff`: a small trade-off sweep through
-  :func:`repdef_jax.tradeoff.run` (notebook 2); real data when
+  :func:`repdef_jax.paper.tradeoff.run` (notebook 2); real data when
   ``TFDS_DATA_DIR`` is set, otherwise ``tfds.testing.mock_data``.
 
-Images come from :func:`repdef_jax.evaluation.load_images` (real data when
+Images come from :func:`repdef_jax.harness.load_images` (real data when
 ``TFDS_DATA_DIR`` is set, synthetic otherwise).
 """
 
@@ -18,14 +18,13 @@ import contextlib
 import os
 from typing import Any, Sequence
 
-import jax
 import ml_collections
 
 from repdef_jax import data as data_lib
 from repdef_jax import defenses as defenses_lib
-from repdef_jax import evaluation
+from repdef_jax.paper import harness
 from repdef_jax import models as models_lib
-from repdef_jax import training
+from repdef_jax.paper import settings
 
 TINY_ENV = "REPDEF_JAX_NOTEBOOK_TINY"
 
@@ -63,9 +62,9 @@ def attack_vs_defense(dataset: str = "cifar10", model_name: str = "lenet",
   info = data_lib.get_info(dataset)
   model = models_lib.get_model(model_name, info.image_shape,
                                info.num_classes, init=model_init)
-  root = jax.random.key(seed)
-  params = model.init(root)
-  x, y, source = evaluation.load_images(dataset, 1, seed=seed)
+  keys = harness.sweep_keys(seed)
+  params = model.init(keys.init)
+  x, y, source = harness.load_images(dataset, 1, seed=seed)
   rows = []
   for name, strength in settings:
     kwargs = dict((defense_kwargs or {}).get(f"{name} {strength:g}", {}))
@@ -73,9 +72,9 @@ def attack_vs_defense(dataset: str = "cifar10", model_name: str = "lenet",
     if name.startswith("soteria:"):
       defense, kwargs["q"] = "soteria", name.split(":", 1)[1]
     d = defenses_lib.get_defense(defense, strength, model=model, **kwargs)
-    m, x_rec, _ = evaluation.defend_and_attack(
-        model, params, d, x, y, attack, jax.random.fold_in(root, 1),
-        jax.random.fold_in(root, 2), iterations=iterations, restarts=1,
+    m, x_rec, _ = harness.defend_and_attack(
+        model, params, d, x, y, attack, *harness.image_keys(keys, 0),
+        iterations=iterations, restarts=1,
         give_labels=True)
     rows.append((f"{name} {strength:g}", x_rec[0], m))
   return {"image": x[0], "label": int(y[0]), "source": source, "rows": rows}
@@ -88,7 +87,7 @@ def show_rows(result: dict[str, Any], path: str | None = None) -> None:
       f"{r[0]}\nmse {r[2]['mse_clamped']:.3f} ssim {r[2]['ssim']:.2f}"
       for r in result["rows"]]
   if path is not None:
-    evaluation.save_image_grid(path, [images], ["images"], [titles])
+    harness.save_image_grid(path, [images], ["images"], [titles])
     return
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, len(images), figsize=(2 * len(images), 2.4))
@@ -119,7 +118,7 @@ def federated_tradeoff(workdir: str, *, rounds: int = 10,
                        dp_gaussian: Sequence[float] = (1e-2, 1e-1),
                        model: str = "leakage", tiny: bool = False
                        ) -> dict[str, Any]:
-  """A small trade-off sweep with :func:`repdef_jax.tradeoff.run`.
+  """A small trade-off sweep with :func:`repdef_jax.paper.tradeoff.run`.
 
   Args:
     workdir: output folder (cells are reused when rerun).
@@ -138,9 +137,9 @@ def federated_tradeoff(workdir: str, *, rounds: int = 10,
       of Soteria and compression).
 
   Returns:
-    The trade-off result dict (see :mod:`repdef_jax.tradeoff`).
+    The trade-off result dict (see :mod:`repdef_jax.paper.tradeoff`).
   """
-  from repdef_jax import tradeoff  # pylint: disable=g-import-not-at-top
+  from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.datasets = ("mnist",)
@@ -160,8 +159,8 @@ def federated_tradeoff(workdir: str, *, rounds: int = 10,
   c.equal_accuracy_tol = 0.01
   c.unrecognisable_metric = "ssim"
   c.unrecognisable_threshold = 0.2
-  c.train = (training.federated_setting("tiny") if tiny else
-             training.federated_setting(
+  c.train = (settings.federated_setting("tiny") if tiny else
+             settings.federated_setting(
                  "paper", num_clients=num_clients, samples_per_class=20,
                  rounds=rounds, clients_per_round=max(1, num_clients // 2),
                  client_lr=0.05, max_train_examples=5000,

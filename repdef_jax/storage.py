@@ -103,6 +103,18 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
   return rows
 
 
+def pyplot() -> Any:
+  """``matplotlib.pyplot`` on the non-interactive Agg backend (files only).
+
+  The one place that selects the backend; plotting code calls this instead
+  of importing pyplot, so nothing opens a window on a headless machine.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
 def save_figure(fig: Any, path: str, **kwargs) -> None:
   """Saves a matplotlib figure to ``path`` atomically (format from suffix)."""
   fmt = os.path.splitext(path)[1].lstrip(".") or "png"

@@ -15,14 +15,13 @@ import os
 import time
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
 from repdef_jax import data as data_lib
 from repdef_jax import defenses as defenses_lib
-from repdef_jax import evaluation
-from repdef_jax import io as io_lib
+from repdef_jax.paper import harness
+from repdef_jax import storage
 from repdef_jax import models as models_lib
 
 RESULT_FILE = "visual.json"
@@ -41,37 +40,36 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
-  store = evaluation.CellStore(os.path.join(workdir, "cells"))
+  store = harness.CellStore(os.path.join(workdir, "cells"))
   info = data_lib.get_info(config.dataset)
   model = models_lib.get_model(config.model, info.image_shape,
                                info.num_classes, init=config.model_init,
                                **config.model_kwargs.to_dict())
-  root = jax.random.key(config.seed)
-  params = model.init(jax.random.fold_in(root, 0))
-  images, labels, source = evaluation.load_images(
+  keys = harness.sweep_keys(config.seed)
+  params = model.init(keys.init)
+  images, labels, source = harness.load_images(
       config.dataset, config.num_images, data_dir=config.data_dir or None,
       seed=config.seed, allow_synthetic=config.allow_synthetic)
   settings = [("none", 0.0)] + [(d, float(s)) for d, s in config.settings]
-  progress = evaluation.Progress(len(settings), "visual")
+  progress = harness.Progress(len(settings), "visual")
   rows, results = [], []
   for defense, strength in settings:
-    name = evaluation.cell_name(defense, strength)
+    name = harness.cell_name(defense, strength)
 
     def fn(defense=defense, strength=strength, name=name):
       d = defenses_lib.get_defense(defense, strength, model=model)
       per_image, recs = [], []
       for i in range(len(images)):
-        m, x_rec, _ = evaluation.defend_and_attack(
+        m, x_rec, _ = harness.defend_and_attack(
             model, params, d, images[i:i + 1], labels[i:i + 1],
-            config.attack, jax.random.fold_in(root, 1000 + i),
-            jax.random.fold_in(root, 2000 + i),
+            config.attack, *harness.image_keys(keys, i),
             iterations=config.attack_iterations or None,
             restarts=config.restarts or None, give_labels=config.give_labels)
         per_image.append(m)
         recs.append(x_rec[0])
       buf = io.BytesIO()
       np.save(buf, np.stack(recs).astype(np.float32))
-      io_lib.write_bytes(os.path.join(workdir, "cells", f"{name}.npy"),
+      storage.write_bytes(os.path.join(workdir, "cells", f"{name}.npy"),
                          buf.getvalue())
       return {"defense": defense, "strength": strength, "images": per_image}
 
@@ -85,12 +83,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   titles = [["" for _ in images]] + [
       [f"mse {m['mse_clamped']:.3f} ssim {m['ssim']:.2f}"
        for m in r[2]["images"]] for r in rows]
-  evaluation.save_image_grid(
+  harness.save_image_grid(
       os.path.join(workdir, PLOT_FILE), grid, labels_, titles,
       suptitle=f"{config.attack} on {config.model}/{config.dataset} "
                f"({source} images); metrics on clamped [0,1] images")
   result = {"experiment": "visual", "config": config.to_dict(),
             "image_source": source, "pixel_space": "[0,1]",
             "settings": results, "seconds": time.perf_counter() - start}
-  io_lib.write_json(os.path.join(workdir, RESULT_FILE), result)
+  storage.write_json(os.path.join(workdir, RESULT_FILE), result)
   return result

@@ -23,15 +23,14 @@ import os
 import time
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from repdef_jax import data as data_lib
 from repdef_jax import defenses as defenses_lib
-from repdef_jax import evaluation
-from repdef_jax import io as io_lib
+from repdef_jax.paper import harness
+from repdef_jax import storage
 from repdef_jax import models as models_lib
 from repdef_jax.attacks import objectives
 from repdef_jax.defenses import certify
@@ -44,17 +43,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs every pruning rate; writes ``certified.json`` / ``certified.png``."""
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
-  store = evaluation.CellStore(os.path.join(workdir, "cells"))
+  store = harness.CellStore(os.path.join(workdir, "cells"))
   info = data_lib.get_info(config.dataset)
   model = models_lib.get_model(config.model, info.image_shape,
                                info.num_classes, init=config.model_init)
-  root = jax.random.key(config.seed)
-  params = model.init(jax.random.fold_in(root, 0))
-  images, labels, source = evaluation.load_images(
+  keys = harness.sweep_keys(config.seed)
+  params = model.init(keys.init)
+  images, labels, source = harness.load_images(
       config.dataset, config.num_images, data_dir=config.data_dir or None,
       seed=config.seed, allow_synthetic=config.allow_synthetic)
   rates = [float(r) for r in config.rates]
-  progress = evaluation.Progress(len(rates), "certified")
+  progress = harness.Progress(len(rates), "certified")
   cells = []
   for rate in rates:
     def fn(rate=rate):
@@ -64,10 +63,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         x, y = images[i:i + 1], labels[i:i + 1]
         entry = {"index": i}
         for attack in config.attacks:
-          m, x_rec, shared = evaluation.defend_and_attack(
+          m, x_rec, shared = harness.defend_and_attack(
               model, params, d, x, y, attack,
-              jax.random.fold_in(root, 1000 + i),
-              jax.random.fold_in(root, 2000 + i),
+              *harness.image_keys(keys, i),
               iterations=config.attack_iterations.get(attack) or None,
               restarts=config.restarts or None,
               give_labels=config.give_labels)
@@ -93,7 +91,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             [e[attack]["empirical_bound"] for e in per_image]))
       return {"rate": rate, "images": per_image, **summary}
 
-    cells.append(store.get_or_run(evaluation.cell_name("rate", rate), fn,
+    cells.append(store.get_or_run(harness.cell_name("rate", rate), fn,
                                   progress))
   holds = {}
   for attack in config.attacks:
@@ -106,16 +104,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             "rates": cells,
             "fraction_attack_distance_above_bound": holds,
             "seconds": time.perf_counter() - start}
-  io_lib.write_json(os.path.join(workdir, RESULT_FILE), result)
+  storage.write_json(os.path.join(workdir, RESULT_FILE), result)
   plot(result, os.path.join(workdir, PLOT_FILE))
   return result
 
 
 def plot(result: dict[str, Any], path: str) -> None:
   """Certified bound and attack distances vs pruning rate."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = storage.pyplot()
   cells = result["rates"]
   rates = [c["rate"] for c in cells]
   fig, ax = plt.subplots(figsize=(5, 3.6))
@@ -131,5 +127,5 @@ def plot(result: dict[str, Any], path: str) -> None:
   ax.set_yscale("symlog", linthresh=1e-3)
   ax.legend(fontsize=6)
   fig.tight_layout()
-  io_lib.save_figure(fig, path, dpi=100)
+  storage.save_figure(fig, path, dpi=100)
   plt.close(fig)

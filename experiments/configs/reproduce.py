@@ -1,0 +1,23 @@
+r"""Every experiment of the paper, then REPORT.md.
+
+  python -m experiments.reproduce --preset=quick --workdir=runs/repro \
+      --data_dir=$TFDS_DATA_DIR
+
+Presets: quick (a 2-core CPU), full (paper scale, GPU/TPU), tiny (tests, with
+--mock_data). --parts=tradeoff,visual runs a subset; --report_only rewrites
+the report. A rerun skips finished parts and resumes unfinished ones.
+"""
+
+import ml_collections
+
+from repdef_jax.paper import reproduce
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.preset = "quick"
+  c.parts = ",".join(reproduce.PART_ORDER)
+  c.mock_data = 0  # Tests: tfds mock data with this many examples per split.
+  c.report_only = False
+  c.data_dir = ""
+  return c

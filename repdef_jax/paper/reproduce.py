@@ -1,0 +1,142 @@
+"""Every part of the paper's reproduction in one run, then REPORT.md.
+
+Each part runs as its own entry point in a subprocess, in ``workdir/<part>``
+with ``experiments/configs/<part>.py:<preset>``; a finished part leaves a
+``PART_DONE.json`` marker holding its command and is skipped on a rerun with
+the same command (each part also resumes its own cells). A failed part is
+recorded and the others still run. The report is
+:func:`repdef_jax.paper.report.write_report`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any
+
+from repdef_jax import storage
+from repdef_jax.paper import report
+
+PRESETS = ("quick", "full", "tiny")
+PART_ORDER = ("tradeoff", "visual", "repinfer", "convergence", "certified",
+              "adaptive")
+# Rough quick-preset wall times on an idle 2-core CPU (seconds), for the ETA.
+QUICK_ESTIMATE = {"tradeoff": 930, "visual": 200, "repinfer": 180,
+                  "convergence": 60, "certified": 120, "adaptive": 300}
+# The checkout whose experiments/ package runs the parts.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+
+
+def part_args(part: str, preset: str, workdir: str,
+              data_dir: str | None) -> list[str]:
+  """``[module, *args]`` of one part's entry point."""
+  args = [f"--workdir={workdir}",
+          f"--config=experiments/configs/{part}.py:{preset}"]
+  if data_dir:
+    args.append(f"--data_dir={data_dir}")
+  return [f"experiments.{part}", *args]
+
+
+def part_command(part: str, preset: str, workdir: str, data_dir: str | None,
+                 mock_data: int = 0) -> list[str]:
+  """The full command line (argv) of one part."""
+  module_args = part_args(part, preset, workdir, data_dir)
+  if mock_data:
+    return [sys.executable, "-m", "experiments.mock_run", str(mock_data),
+            *module_args]
+  return [sys.executable, "-m", *module_args]
+
+
+def _display(cmd: list[str]) -> str:
+  """The command as a user would type it (``python`` for the interpreter)."""
+  return " ".join(["python"] + [shlex.quote(c) for c in cmd[1:]])
+
+
+def run_parts(preset: str, workdir: str, data_dir: str | None,
+              parts: list[str], mock_data: int = 0) -> dict[str, dict]:
+  """Runs the parts (skipping finished ones); returns per-part run records."""
+  os.makedirs(workdir, exist_ok=True)
+  runs = storage.read_json(os.path.join(workdir, "reproduce.json"), {}) or {}
+  start = time.perf_counter()
+  todo = [p for p in PART_ORDER if p in parts]
+  for i, part in enumerate(todo):
+    sub = os.path.join(workdir, part)
+    cmd = part_command(part, preset, sub, data_dir, mock_data)
+    shown = _display(cmd)
+    marker = os.path.join(sub, "PART_DONE.json")
+    done = storage.read_json(marker)
+    if done and done.get("command") == shown:
+      runs[part] = {**done, "status": "done (reused)"}
+      print(f"[reproduce] {i + 1}/{len(todo)} {part}: finished earlier "
+            f"({done['seconds']:.0f}s), reused", flush=True)
+      continue
+    left = sum(QUICK_ESTIMATE[p] for p in todo[i:])
+    scale = 1.0 if preset == "quick" else (0.1 if preset == "tiny" else 20.0)
+    print(f"[reproduce] {i + 1}/{len(todo)} {part}: {shown}\n"
+          f"[reproduce] elapsed {time.perf_counter() - start:.0f}s, "
+          f"ETA ~{left * scale:.0f}s (estimate)", flush=True)
+    os.makedirs(sub, exist_ok=True)
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd, cwd=ROOT)
+    seconds = time.perf_counter() - t0
+    record = {"command": shown, "seconds": seconds, "returncode": rc,
+              "status": "done" if rc == 0 else f"FAILED (exit {rc})"}
+    runs[part] = record
+    if rc == 0:
+      storage.write_json(marker, record)
+    storage.write_json(os.path.join(workdir, "reproduce.json"), runs)
+    print(f"[reproduce] {part}: {record['status']} in {seconds:.0f}s",
+          flush=True)
+  return runs
+
+
+def run(config: Any, workdir: str) -> dict[str, Any]:
+  """Runs (or resumes) the parts and writes ``workdir/REPORT.md``.
+
+  Args:
+    config: ``preset``, ``parts`` (comma-separated or a sequence),
+      ``mock_data`` (tests: run every part under tfds mock data with this
+      many examples per split; 0 = off), ``report_only``, ``data_dir``.
+    workdir: output folder.
+
+  Returns:
+    ``{'report': path, 'runs': {part: record}, 'failed': [parts]}``.
+
+  Raises:
+    ValueError: unknown preset or parts.
+  """
+  if config.preset not in PRESETS:
+    raise ValueError(f"unknown preset {config.preset!r}; use one of "
+                     f"{', '.join(PRESETS)}.")
+  parts = config.parts
+  parts = [p for p in (parts.split(",") if isinstance(parts, str) else parts)
+           if p]
+  unknown = set(parts) - set(PART_ORDER)
+  if unknown:
+    raise ValueError(f"unknown parts {sorted(unknown)}; valid: "
+                     f"{', '.join(PART_ORDER)}.")
+  workdir = os.path.abspath(workdir)
+  if config.report_only:
+    runs = storage.read_json(os.path.join(workdir, "reproduce.json"), {})
+  else:
+    runs = run_parts(config.preset, workdir, config.data_dir or None, parts,
+                     config.mock_data)
+  path = report.write_report(workdir, runs=runs, preset=config.preset)
+  failed = [p for p, r in runs.items()
+            if str(r.get("status", "")).startswith("FAILED")]
+  return {"report": path, "runs": runs, "failed": failed}
+
+
+def summary(result: dict[str, Any], workdir: str) -> None:
+  """Prints where the report is; exits 1 when a part failed."""
+  del workdir
+  total = sum(float(r.get("seconds") or 0) for r in result["runs"].values())
+  print(f"[reproduce] wrote {result['report']}; parts' wall time "
+        f"{total:.0f}s")
+  if result["failed"]:
+    print(f"[reproduce] FAILED parts: {', '.join(result['failed'])}")
+    sys.exit(1)
