@@ -1,0 +1,186 @@
+"""The trade-off statistics: privacy at equal accuracy, from measured points.
+
+Sun et al. 2021 (Section 6) claim that Soteria's reconstruction MSE is more
+than 160x the baselines' at equal accuracy, and that at the "unrecognisable"
+threshold Soteria loses no accuracy while the baselines lose up to 6-9 %.
+These statistics were fixed before any result was looked at
+(``docs/evaluation.md``):
+
+* A *point* is one (defense, strength) cell: ``accuracy`` per seed and
+  ``privacy`` samples (one per attacked image and seed, best of the attack
+  suite; images on which every attack diverged are left out and counted).
+* The *frontier* of a defense at accuracy ``a`` is its measured point with the
+  highest mean privacy among those whose mean accuracy is at least ``a``
+  (what a user can buy while keeping accuracy ``a``). No interpolation.
+* The *ratio curve* against a baseline: for each measured baseline point
+  ``q`` inside the accuracy range both defenses cover, Soteria's frontier at
+  ``accuracy(q)`` over ``q``'s privacy. Headline numbers: the median ratio
+  over the curve and the ratio at the baseline's first *protective* point
+  (the lowest strength whose mean SSIM is at most a threshold), each with a
+  bootstrap interval over the images of the cells involved. Never a maximum.
+* The *accuracy drop* at a threshold: undefended accuracy minus the accuracy
+  of the defense's first protective point, paired by seed, t interval.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from repdef_jax.paper import stats
+
+Point = dict[str, Any]
+
+
+def mean_accuracy(point: Point) -> float:
+  return float(np.mean(point["accuracy"]))
+
+
+def mean_of(point: Point, metric: str) -> float:
+  """Mean of a point's per-image samples of ``metric`` (NaN when none)."""
+  v = np.asarray(point[metric], np.float64)
+  v = v[np.isfinite(v)]
+  return float(np.mean(v)) if v.size else float("nan")
+
+
+def frontier(points: Sequence[Point], accuracy: float,
+             metric: str = "mse_clamped") -> Point | None:
+  """The most private measured point with mean accuracy >= ``accuracy``.
+
+  Args:
+    points: the defense's points (dicts with ``strength``, ``accuracy``
+      (per seed) and ``metric`` (per-image samples, higher = more private)).
+    accuracy: the accuracy floor.
+    metric: the privacy metric.
+
+  Returns:
+    The point, or None when no point reaches ``accuracy``. Ties go to the
+    lower strength.
+  """
+  ok = [p for p in points if mean_accuracy(p) >= accuracy
+        and np.isfinite(mean_of(p, metric))]
+  if not ok:
+    return None
+  return max(sorted(ok, key=lambda p: p["strength"]),
+             key=lambda p: mean_of(p, metric))
+
+
+def first_protective(points: Sequence[Point], threshold: float,
+                     metric: str = "ssim") -> Point | None:
+  """The lowest-strength point whose mean ``metric`` is <= ``threshold``."""
+  for p in sorted(points, key=lambda p: p["strength"]):
+    if mean_of(p, metric) <= threshold:
+      return p
+  return None
+
+
+def _median_ratio_ci(pairs: list[tuple[Point, Point]], metric: str,
+                     samples: int = stats.BOOTSTRAP_SAMPLES,
+                     seed: int = 0) -> dict[str, Any]:
+  """Median over pairs of mean(num)/mean(den), bootstrap over images."""
+  if not pairs:
+    return {"value": None, "low": None, "high": None, "n": 0}
+  clean = [(np.asarray(a[metric], float), np.asarray(b[metric], float))
+           for a, b in pairs]
+  clean = [(a[np.isfinite(a)], b[np.isfinite(b)]) for a, b in clean]
+  value = float(np.median([a.mean() / b.mean() for a, b in clean]))
+  rng = np.random.default_rng(seed)
+  boot = np.empty(samples)
+  for i in range(samples):
+    boot[i] = np.median([
+        a[rng.integers(0, a.size, a.size)].mean() /
+        max(b[rng.integers(0, b.size, b.size)].mean(), 1e-300)
+        for a, b in clean])
+  lo, hi = np.quantile(boot, [0.025, 0.975])
+  return {"value": value, "low": float(lo), "high": float(hi),
+          "n": len(pairs)}
+
+
+def ratio_curve(soteria: Sequence[Point], baseline: Sequence[Point],
+                metric: str = "mse_clamped") -> dict[str, Any]:
+  """Soteria's frontier privacy over each baseline point's, at equal accuracy.
+
+  Args:
+    soteria: Soteria's points (strength > 0).
+    baseline: the baseline's points (strength > 0).
+    metric: privacy metric (higher = more private).
+
+  Returns:
+    ``{'range': [lo, hi] | None, 'per_point': [...], 'median': {value, low,
+    high, n}}``; each per-point row has the baseline strength and accuracy,
+    the chosen Soteria strength and accuracy, both privacies, the ratio with
+    its interval, and ``in_range`` (used for the median). Every value is a
+    measured point; nothing is interpolated.
+  """
+  s_acc = [mean_accuracy(p) for p in soteria]
+  b_acc = [mean_accuracy(p) for p in baseline]
+  if not s_acc or not b_acc:
+    return {"range": None, "per_point": [], "median": _median_ratio_ci(
+        [], metric)}
+  lo, hi = max(min(s_acc), min(b_acc)), min(max(s_acc), max(b_acc))
+  rows, pairs = [], []
+  for q in sorted(baseline, key=lambda p: p["strength"]):
+    a = mean_accuracy(q)
+    s = frontier(soteria, a, metric)
+    row = {"baseline_strength": q["strength"], "baseline_accuracy": a,
+           "baseline_privacy": mean_of(q, metric),
+           "in_range": bool(lo <= a <= hi) and s is not None}
+    if s is not None:
+      r = stats.ratio_ci(s[metric], q[metric])
+      row.update({"soteria_strength": s["strength"],
+                  "soteria_accuracy": mean_accuracy(s),
+                  "soteria_privacy": mean_of(s, metric),
+                  "ratio": r["value"], "ratio_low": r["low"],
+                  "ratio_high": r["high"]})
+      if row["in_range"]:
+        pairs.append((s, q))
+    rows.append(row)
+  return {"range": [lo, hi] if lo <= hi else None, "per_point": rows,
+          "median": _median_ratio_ci(pairs, metric)}
+
+
+def ratio_at_first_protective(soteria: Sequence[Point],
+                              baseline: Sequence[Point], threshold: float,
+                              metric: str = "mse_clamped") -> dict[str, Any]:
+  """The ratio at the baseline's first point with mean SSIM <= threshold."""
+  q = first_protective(baseline, threshold)
+  if q is None:
+    return {"threshold": threshold, "baseline_strength": None,
+            "value": None, "low": None, "high": None,
+            "note": "baseline never protective in the sweep"}
+  s = frontier(soteria, mean_accuracy(q), metric)
+  if s is None:
+    return {"threshold": threshold, "baseline_strength": q["strength"],
+            "value": None, "low": None, "high": None,
+            "note": "no Soteria point reaches the baseline's accuracy"}
+  r = stats.ratio_ci(s[metric], q[metric])
+  return {"threshold": threshold, "baseline_strength": q["strength"],
+          "baseline_accuracy": mean_accuracy(q),
+          "soteria_strength": s["strength"],
+          "soteria_accuracy": mean_accuracy(s), "value": r["value"],
+          "low": r["low"], "high": r["high"]}
+
+
+def accuracy_drop(undefended: Point, points: Sequence[Point],
+                  threshold: float) -> dict[str, Any]:
+  """Undefended accuracy minus that of the first protective point.
+
+  Args:
+    undefended: the strength-0 point (accuracy per seed).
+    points: the defense's points, same seeds in the same order.
+    threshold: mean SSIM at or below which reconstructions count as
+      unrecognisable.
+
+  Returns:
+    ``{'threshold', 'strength', 'reached', 'mean', 'low', 'high', 'n'}``:
+    the paired (by seed) accuracy drop in accuracy points (fractions) with
+    a t interval; ``reached`` False when no point of the sweep protects.
+  """
+  p = first_protective(points, threshold)
+  if p is None:
+    return {"threshold": threshold, "strength": None, "reached": False,
+            "mean": None, "low": None, "high": None, "n": 0}
+  d = stats.paired_difference_ci(undefended["accuracy"], p["accuracy"])
+  return {"threshold": threshold, "strength": p["strength"], "reached": True,
+          "mean": d["mean"], "low": d["low"], "high": d["high"], "n": d["n"]}

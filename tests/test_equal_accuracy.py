@@ -1,0 +1,79 @@
+"""The trade-off statistics on synthetic curves with known answers."""
+
+import numpy as np
+import pytest
+
+from repdef_jax.paper import equal_accuracy as ea
+
+
+def _pt(strength, acc, mse, ssim=0.5, n=8, noise=0.0, seed=0):
+  rng = np.random.default_rng(seed)
+  return {"strength": strength, "accuracy": list(np.broadcast_to(acc, 3)),
+          "mse_clamped": list(mse * (1 + noise * rng.standard_normal(n))),
+          "ssim": [ssim] * n}
+
+
+SOTERIA = [_pt(20, 0.90, 0.10, ssim=0.5), _pt(40, 0.88, 0.20, ssim=0.15),
+           _pt(80, 0.80, 0.30, ssim=0.05)]
+BASELINE = [_pt(1, 0.89, 0.01, ssim=0.9), _pt(2, 0.85, 0.02, ssim=0.25),
+            _pt(3, 0.70, 0.05, ssim=0.1)]
+
+
+def test_frontier_is_the_most_private_point_that_keeps_accuracy():
+  assert ea.frontier(SOTERIA, 0.89)["strength"] == 20
+  assert ea.frontier(SOTERIA, 0.85)["strength"] == 40
+  assert ea.frontier(SOTERIA, 0.50)["strength"] == 80
+  assert ea.frontier(SOTERIA, 0.95) is None
+  # Ties in privacy go to the lower strength.
+  tie = [_pt(60, 0.9, 0.2), _pt(30, 0.9, 0.2)]
+  assert ea.frontier(tie, 0.9)["strength"] == 30
+
+
+def test_ratio_curve_known_answer():
+  out = ea.ratio_curve(SOTERIA, BASELINE)
+  assert out["range"] == pytest.approx([0.80, 0.89])
+  rows = {r["baseline_strength"]: r for r in out["per_point"]}
+  assert rows[1]["soteria_strength"] == 20 and rows[1]["ratio"] == (
+      pytest.approx(10.0))
+  assert rows[2]["soteria_strength"] == 40 and rows[2]["ratio"] == (
+      pytest.approx(10.0))
+  # Outside the common range (0.70 < 0.80): reported, not in the median.
+  assert rows[3]["in_range"] is False and rows[3]["ratio"] == pytest.approx(
+      6.0)
+  assert out["median"]["value"] == pytest.approx(10.0)
+  assert out["median"]["n"] == 2
+  assert out["median"]["low"] == pytest.approx(10.0)  # no noise
+
+
+def test_ratio_interval_covers_the_truth_with_noise():
+  s = [_pt(40, 0.9, 0.2, noise=0.3, n=40, seed=1)]
+  b = [_pt(2, 0.90, 0.02, noise=0.3, n=40, seed=2)]
+  med = ea.ratio_curve(s, b)["median"]
+  assert med["low"] < 10.0 < med["high"]
+  assert med["high"] - med["low"] < 10.0
+
+
+def test_first_protective_and_ratio_there():
+  assert ea.first_protective(BASELINE, 0.2)["strength"] == 3
+  assert ea.first_protective(BASELINE, 0.3)["strength"] == 2
+  assert ea.first_protective(BASELINE, 0.05) is None
+  r = ea.ratio_at_first_protective(SOTERIA, BASELINE, 0.3)
+  assert (r["baseline_strength"], r["soteria_strength"]) == (2, 40)
+  assert r["value"] == pytest.approx(10.0)
+  # Baseline point 3 (accuracy 0.70): Soteria's frontier there is 80.
+  r = ea.ratio_at_first_protective(SOTERIA, BASELINE, 0.2)
+  assert r["soteria_strength"] == 80 and r["value"] == pytest.approx(6.0)
+  assert ea.ratio_at_first_protective(SOTERIA, BASELINE, 0.01)[
+      "value"] is None
+
+
+def test_accuracy_drop_is_paired_by_seed():
+  none = {"strength": 0, "accuracy": [0.90, 0.80, 0.85]}
+  pts = [{"strength": 10, "accuracy": [0.89, 0.79, 0.84], "ssim": [0.5]},
+         {"strength": 50, "accuracy": [0.70, 0.60, 0.65], "ssim": [0.1]}]
+  d = ea.accuracy_drop(none, pts, 0.2)
+  assert d["strength"] == 50 and d["reached"]
+  # Seeds differ by 10 points, but the paired drop is exactly 0.20.
+  assert d["mean"] == pytest.approx(0.20)
+  assert d["high"] - d["low"] == pytest.approx(0.0, abs=1e-12)
+  assert ea.accuracy_drop(none, pts, 0.05)["reached"] is False
