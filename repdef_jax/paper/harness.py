@@ -28,6 +28,7 @@ from repdef_jax import gradients
 from repdef_jax import metrics as metrics_lib
 from repdef_jax import models as models_lib
 from repdef_jax import storage
+from repdef_jax.attacks import objectives
 
 Params = Any
 
@@ -123,7 +124,9 @@ def attack_gradient(model: models_lib.Model, params: Params, shared: Params,
                     x_true: Any, labels: Any, attack_name: str,
                     key: jax.Array, *, iterations: int | None = None,
                     restarts: int | None = None,
-                    give_labels: bool = False) -> tuple[dict, np.ndarray]:
+                    give_labels: bool = False,
+                    overrides: dict | None = None
+                    ) -> tuple[dict, np.ndarray]:
   """Runs one attack on a shared gradient and measures the reconstruction.
 
   Args:
@@ -140,6 +143,8 @@ def attack_gradient(model: models_lib.Model, params: Params, shared: Params,
     restarts: see :func:`attack_overrides`.
     give_labels: hand the true labels to the attack (else it learns or
       infers them, as registered).
+    overrides: further attack config fields (e.g. ``{'restarts': 4}``);
+      ``iterations`` / ``restarts`` take precedence.
 
   Returns:
     ``(metrics, x_rec)``: metrics with ``mse`` (raw, unclamped, [0,1]
@@ -155,7 +160,8 @@ def attack_gradient(model: models_lib.Model, params: Params, shared: Params,
   res = attacks_lib.to_host(attack(
       model, params, shared, x_true.shape[0], key,
       labels=jnp.asarray(labels) if give_labels else None,
-      **attack_overrides(attack, iterations, restarts)))
+      **{**(overrides or {}),
+         **attack_overrides(attack, iterations, restarts)}))
   seconds = time.perf_counter() - start
   m = metrics_lib.reconstruction_metrics(res.x_rec, x_true)
   x_rec = np.asarray(res.x_rec)[m["perm"]]
@@ -178,6 +184,71 @@ def attack_gradient(model: models_lib.Model, params: Params, shared: Params,
       "pixel_space": m["pixel_space"],
   }
   return out, x_rec
+
+
+def family(attack_name: str) -> str:
+  """'dlg' for DLG-type attacks (dlg, idlg, dlg_*), 'gs' for GS-type."""
+  return "gs" if attack_name.startswith("gs") else "dlg"
+
+
+def attack_suite(model: models_lib.Model, params: Params, shared: Params,
+                 x_true: Any, labels: Any, attack_names: Sequence[str],
+                 key: jax.Array, *, budgets: dict[str, dict] | None = None,
+                 give_labels: bool = True) -> dict[str, Any]:
+  """Every attack of a suite on one shared gradient, and the best of them.
+
+  All attacks start from the same key. A ``*_mask`` attack whose shared
+  defended kernel has no all-zero row has exactly the plain attack's
+  objective (its mask is all ones), so it is not rerun: its entry copies the
+  plain attack's metrics with ``same_as``.
+
+  Args:
+    model: the attacked model.
+    params: the parameters the gradient was computed at.
+    shared: the gradient (or update, rescaled) the server received.
+    x_true: the client's images ``[B, H, W, C]`` in [0, 1] (scoring only).
+    labels: their labels ``[B]``.
+    attack_names: registered attack names.
+    key: the attacks' key.
+    budgets: per family ('dlg', 'gs') attack config overrides.
+    give_labels: hand the true labels to the attacks (iDLG infers its own).
+
+  Returns:
+    ``{'attacks': {name: metrics}, 'best': {...}}``: per-attack metrics of
+    :func:`attack_gradient` (without reconstructions) and, over the attacks
+    that did not diverge, the best ``ssim`` (max), ``mse_clamped`` (min),
+    ``mse`` (min) and ``psnr`` (max) with the attack that reached each;
+    ``best`` is ``{'all_diverged': True}`` when every attack diverged.
+  """
+  out = {}
+  any_pruned = bool(np.any(np.asarray(objectives.pruned_rows(model, shared))))
+  masked_last = sorted(attack_names, key=lambda n: n.endswith("_mask"))
+  for name in masked_last:
+    plain = name[:-len("_mask")] if name.endswith("_mask") else None
+    if plain and not any_pruned and plain in out:
+      out[name] = {**out[plain], "same_as": plain}
+      continue
+    m, _ = attack_gradient(model, params, shared, x_true, labels, name, key,
+                           give_labels=give_labels and name != "idlg",
+                           overrides=(budgets or {}).get(family(name)))
+    out[name] = m
+  out = {name: out[name] for name in attack_names}
+  return {"attacks": out, "best": best_of(out)}
+
+
+def best_of(per_attack: dict[str, dict]) -> dict[str, Any]:
+  """The strongest result over attacks that did not diverge (see
+  :func:`attack_suite`)."""
+  ok = {n: m for n, m in per_attack.items() if not m["diverged"]}
+  if not ok:
+    return {"all_diverged": True}
+  best = {"all_diverged": False}
+  for metric, pick in (("ssim", max), ("mse_clamped", min), ("mse", min),
+                       ("psnr", max)):
+    name = pick(ok, key=lambda n: float(ok[n][metric]))
+    best[metric] = float(ok[name][metric])
+    best[f"{metric}_attack"] = name
+  return best
 
 
 def defend(model: models_lib.Model, params: Params,
@@ -281,7 +352,8 @@ class Progress:
   """Prints ``[label] i/n name (elapsed, ETA)`` after each unit of work.
 
   The ETA averages the wall time of the units computed in this process
-  (skipped, already-finished units count as done but take no time).
+  (skipped, already-finished units count as done but take no time). Quiet
+  (prints nothing) when ``$REPDEF_JAX_QUIET`` is set (``--quiet``).
   """
 
   def __init__(self, total: int, label: str = "", stream=None):
@@ -303,6 +375,8 @@ class Progress:
     else:
       eta = "ETA ?"
     tag = " (reused)" if skipped else ""
+    if os.environ.get(data_lib.QUIET_ENV, "") not in ("", "0"):
+      return
     print(f"[{self.label}] {self.done}/{self.total} {name}{tag} "
           f"elapsed {elapsed:.0f}s {eta}", file=self.stream, flush=True)
 
@@ -347,44 +421,43 @@ def load_images(dataset: str, n: int, *, split: str = "test",
                 data_dir: str | None = None, seed: int = 0,
                 allow_synthetic: bool = True
                 ) -> tuple[np.ndarray, np.ndarray, str]:
-  """``n`` images in [0, 1]: real from TFDS if possible, else synthetic.
+  """The first ``n`` images of a split in [0, 1]: real if possible.
 
-  Real data is used when ``data_dir`` is given or ``TFDS_DATA_DIR`` is set
-  (and the split can be read there); otherwise, and when
-  ``allow_synthetic``, :func:`synthetic_images`.
+  Real images come from :func:`repdef_jax.data.load_with_source` (a prepared
+  TFDS copy, a download, or, when ``data_dir`` is not given, the embedded
+  sample); without them, and when ``allow_synthetic``,
+  :func:`synthetic_images`.
 
   Args:
     dataset: dataset name.
     n: number of images (the first ``n`` records of the split).
-    split: TFDS split.
+    split: dataset split.
     data_dir: TFDS data folder (else ``TFDS_DATA_DIR``).
     seed: seed of the synthetic images.
     allow_synthetic: fall back to synthetic images instead of raising.
 
   Returns:
     ``(images float32 [n, H, W, C], labels int32 [n], source)`` with
-    source 'tfds' or 'synthetic'.
+    source 'tfds', 'download', 'sample' or 'synthetic'.
 
   Raises:
-    repdef_jax.data.DataNotFoundError: no data and ``allow_synthetic`` is
-      False.
+    repdef_jax.data.DataNotFoundError: fewer than ``n`` real images and
+      ``allow_synthetic`` is False.
   """
-  data_dir = data_dir or os.environ.get("TFDS_DATA_DIR") or None
-  if data_dir is not None:
-    try:
-      images, labels = data_lib.load(dataset, split, data_dir,
-                                     max_examples=n)
-      if len(images) >= n:
-        return (data_lib.to_float(np.asarray(images[:n])),
-                np.asarray(labels[:n], np.int32), "tfds")
-    except data_lib.DataNotFoundError:
-      if not allow_synthetic:
-        raise
-  if not allow_synthetic:
-    raise data_lib.DataNotFoundError(
-        f"no TFDS data for {dataset!r}: set TFDS_DATA_DIR or pass data_dir.")
-  images, labels = synthetic_images(dataset, n, seed)
-  return images, labels, "synthetic"
+  try:
+    images, labels, source = data_lib.load_with_source(
+        dataset, split, data_dir, max_examples=n, sample=data_dir is None)
+    if len(images) < n:
+      raise data_lib.DataNotFoundError(
+          f"only {len(images)} {dataset} {split} images ({source}); asked "
+          f"for {n}.")
+  except data_lib.DataNotFoundError:
+    if not allow_synthetic:
+      raise
+    images, labels = synthetic_images(dataset, n, seed)
+    return images, labels, "synthetic"
+  return (data_lib.to_float(np.asarray(images)),
+          np.asarray(labels, np.int32), source.kind)
 
 
 def save_image_grid(path: str, rows: Sequence[Sequence[np.ndarray]],

@@ -149,3 +149,41 @@ def verdict(low: float | None, high: float | None, target: float,
   if high < target:
     return "did not hold"
   return "inconclusive"
+
+
+def claim(name: str, paper: str, statistic: str, value: float | None,
+          low: float | None, high: float | None, *, target: float | None,
+          higher_holds: bool = True, rule: str = "",
+          verdict_override: str | None = None) -> dict[str, Any]:
+  """One row of the report's claims table, with its verdict by rule.
+
+  Every experiment returns a list of these under ``claims``; the report and
+  the README table render them as they are.
+
+  Args:
+    name: the claim, in words.
+    paper: what the paper says (its number).
+    statistic: what we measured, in words (with its pixel space).
+    value: the statistic.
+    low: its 95 % interval's low end.
+    high: its high end.
+    target: the paper's number the verdict compares with (None: no verdict,
+      the row is reported only).
+    higher_holds: the claim is "statistic >= target" (else "<=").
+    rule: the verdict rule in words (from docs/evaluation.md).
+    verdict_override: a verdict decided otherwise (e.g. 'inconclusive
+      (attacks fail undefended)'); replaces the interval rule.
+
+  Returns:
+    ``{'claim', 'paper', 'statistic', 'value', 'low', 'high', 'target',
+    'rule', 'verdict'}``.
+  """
+  if verdict_override is not None:
+    v = verdict_override
+  elif target is None:
+    v = "reported"
+  else:
+    v = verdict(low, high, target, higher_holds)
+  return {"claim": name, "paper": paper, "statistic": statistic,
+          "value": value, "low": low, "high": high, "target": target,
+          "rule": rule, "verdict": v}
