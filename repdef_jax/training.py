@@ -9,8 +9,12 @@ workdir that survives being killed at any moment:
 * ``config.json``: the configuration. A workdir whose ``config.json`` differs
   in any setting that changes results is refused with a ValueError and left
   untouched.
-* ``checkpoint.msgpack``: server state every ``checkpoint_every`` rounds and
-  at the end (flax serialization; temp file + ``os.replace``).
+* ``checkpoints/<round>/``: orbax checkpoints of the server state every
+  ``checkpoint_every`` rounds and at the end, the last
+  ``checkpoints_to_keep`` kept. Written asynchronously (training goes on
+  while they are written) into a temporary folder renamed when complete, so
+  a kill leaves only complete checkpoints; with several processes every
+  process writes its shards and process 0 commits.
 * ``metrics.jsonl``: one JSON line per round. On resume, lines past the
   checkpoint's round (and any torn line) are dropped by an atomic rewrite, so
   the final file equals an uninterrupted run's.
@@ -19,6 +23,13 @@ workdir that survives being killed at any moment:
 All randomness is a function of (seed, round, client) (see
 :mod:`repdef_jax.fedavg`), so a resumed run is bit-for-bit the uninterrupted
 one.
+
+Several processes (``coordinator_address``, ``num_processes``,
+``process_id``, or a cluster environment; :mod:`repdef_jax.distributed`)
+run one program: the client mesh spans every process's devices, every
+process loads the same data and restores the same checkpoint, and only
+process 0 writes ``config.json``, ``metrics.jsonl``, the plot and logs. The
+workdir must be on a file system every process sees.
 """
 
 from __future__ import annotations
@@ -29,16 +40,18 @@ import os
 import time
 from typing import Any, Optional
 
-import flax.serialization
 import jax
-import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import ml_collections
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 
 from repdef_jax import data as data_lib
+from repdef_jax import distributed
 from repdef_jax import fedavg
-from repdef_jax import io as io_lib
+from repdef_jax import storage
 from repdef_jax import models as models_lib
 from repdef_jax import partition as partition_lib
 from repdef_jax import schedules
@@ -46,13 +59,16 @@ from repdef_jax import schedules
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
-CHECKPOINT_FILE = "checkpoint.msgpack"
+CHECKPOINT_DIR = "checkpoints"
+LEGACY_CHECKPOINT_FILE = "checkpoint.msgpack"  # Before orbax; refused.
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "accuracy.png"
 
-# Settings that do not change any result: allowed to differ on resume.
-RUNTIME_KEYS = ("data_dir", "log_every", "plot", "num_devices",
-                "client_chunk", "checkpoint_every")
+# Settings that do not change any result: allowed to differ on resume
+# ('rounds' too: a longer run continues a shorter one exactly).
+RUNTIME_KEYS = ("rounds", "data_dir", "log_every", "plot", "num_devices",
+                "client_chunk", "checkpoint_every", "checkpoints_to_keep",
+                "coordinator_address", "num_processes", "process_id")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -64,6 +80,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.max_test_examples = 0
   c.model = "logreg"
   c.model_init = "default"
+  c.model_kwargs = ml_collections.ConfigDict()  # e.g. {'width': 16}
   c.conv_impl = "patches"
   c.partition = "noniid"  # noniid | iid | dirichlet
   c.num_clients = 100
@@ -90,57 +107,24 @@ def default_config() -> ml_collections.ConfigDict:
   c.soteria_score = "reference"  # soteria only: 'reference' or 'exact'.
   c.seed = 0
   c.checkpoint_every = 10
+  c.checkpoints_to_keep = 3
   c.log_every = 1
   c.eval_global_loss = False
   c.eval_batch = 1000
   # Clients per vectorized chunk; -1 = auto: 1 on CPU (a sequence of plain
   # matmuls beats XLA's CPU batched ones), all at once on GPU/TPU.
   c.client_chunk = -1
-  c.num_devices = 1  # > 1: shard clients over a 'clients' mesh axis.
+  # > 1: shard clients over a 'clients' mesh axis of that many devices; 0:
+  # all devices. A multi-process run always uses every process's devices.
+  c.num_devices = 1
+  # Multi-process runs (docs/scaling.md): "host:port" of process 0, the
+  # number of processes and this one's id. "" = the cluster environment if
+  # any (SLURM, Open MPI, JAX_COORDINATOR_ADDRESS...), else one process.
+  c.coordinator_address = ""
+  c.num_processes = 1
+  c.process_id = 0
   c.plot = True
   return c
-
-
-_SETTINGS = {
-    # The paper's non-IID split and FedAvg (NOTES section 4): 100 devices x
-    # 2 classes x 100 samples, 10 per round, 5 local steps of batch 10.
-    "paper": dict(partition="noniid", num_clients=100, classes_per_client=2,
-                  samples_per_class=100, rounds=200, clients_per_round=10,
-                  local_steps=5, batch_size=10, client_lr=0.1,
-                  conv_impl="patches", max_train_examples=0,
-                  max_test_examples=0, checkpoint_every=10, log_every=10),
-    # Seconds under tfds mock data (tests).
-    "tiny": dict(partition="noniid", num_clients=4, classes_per_client=2,
-                 samples_per_class=2, rounds=1, clients_per_round=2,
-                 local_steps=1, batch_size=3, client_lr=0.1,
-                 conv_impl="patches", max_train_examples=0,
-                 max_test_examples=20, eval_batch=20, checkpoint_every=1,
-                 log_every=1),
-}
-
-
-def federated_setting(name: str = "paper", **overrides: Any
-                      ) -> ml_collections.ConfigDict:
-  """A named federated setting as a ``train`` block of an experiment config.
-
-  Args:
-    name: 'paper' (the paper's non-IID MNIST/CIFAR-10 FedAvg) or 'tiny'.
-    **overrides: settings that replace the named ones (any key of
-      :func:`default_config`).
-
-  Returns:
-    A ConfigDict holding a subset of :func:`default_config`'s keys.
-
-  Raises:
-    ValueError: unknown ``name`` or an override that is not a setting.
-  """
-  if name not in _SETTINGS:
-    raise ValueError(f"unknown federated setting {name!r}; use one of "
-                     f"{sorted(_SETTINGS)}.")
-  unknown = set(overrides) - set(default_config().keys())
-  if unknown:
-    raise ValueError(f"unknown training settings {sorted(unknown)}.")
-  return ml_collections.ConfigDict({**_SETTINGS[name], **overrides})
 
 
 def _config_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -192,13 +176,21 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
   if config.checkpoint_every < 1:
     raise ValueError(f"checkpoint_every must be >= 1, got "
                      f"{config.checkpoint_every}.")
+  if config.checkpoints_to_keep < 1:
+    raise ValueError(f"checkpoints_to_keep must be >= 1, got "
+                     f"{config.checkpoints_to_keep}.")
+  if config.num_devices < 0:
+    raise ValueError(f"num_devices must be >= 0 (0 = all), got "
+                     f"{config.num_devices}.")
 
 
 def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:
   """Raises on a workdir of a different run; returns whether it holds one."""
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
-    if os.path.exists(os.path.join(workdir, CHECKPOINT_FILE)):
+    ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
+    if (os.path.exists(os.path.join(workdir, LEGACY_CHECKPOINT_FILE)) or
+        (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir))):
       raise ValueError(f"{workdir} holds a checkpoint but no {CONFIG_FILE}; "
                        "refusing to overwrite it. Use another --workdir.")
     return False
@@ -213,6 +205,13 @@ def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:
     raise ValueError(
         f"{workdir} holds a run with a different configuration ({details}). "
         "Nothing was changed; use another --workdir or the saved settings.")
+  if (os.path.exists(os.path.join(workdir, LEGACY_CHECKPOINT_FILE)) and
+      not os.path.exists(os.path.join(workdir, CHECKPOINT_DIR))):
+    raise ValueError(
+        f"{workdir} holds {LEGACY_CHECKPOINT_FILE}, a checkpoint of an older "
+        f"repdef_jax (one flax msgpack file; checkpoints are now orbax "
+        f"folders in {CHECKPOINT_DIR}/): finish it with the version that "
+        "wrote it, or start over in another --workdir.")
   return True
 
 
@@ -279,29 +278,91 @@ def resolve_client_chunk(client_chunk: int) -> int:
   return client_chunk
 
 
-def _save_checkpoint(workdir: str, state: fedavg.ServerState) -> None:
-  payload = flax.serialization.to_bytes(jax.device_get(state))
-  io_lib.write_bytes(os.path.join(workdir, CHECKPOINT_FILE), payload)
+def checkpoint_manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
+  """The orbax manager of a workdir's ``checkpoints/`` (async, last ``keep``).
+
+  Unfinished checkpoints a kill left behind are removed when it starts. Call
+  ``close()`` when done: it waits for a save in flight.
+  """
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, create=True, enable_async_checkpointing=True,
+      enable_background_delete=True, cleanup_tmp_directories=True)
+  return ocp.CheckpointManager(
+      os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)), options=options)
 
 
-def _load_checkpoint(workdir: str, template: fedavg.ServerState
-                     ) -> Optional[fedavg.ServerState]:
-  path = os.path.join(workdir, CHECKPOINT_FILE)
-  if not os.path.exists(path):
+def restore_checkpoint(manager: ocp.CheckpointManager,
+                       template: fedavg.ServerState,
+                       step: Optional[int] = None
+                       ) -> Optional[fedavg.ServerState]:
+  """The state saved at ``step`` (default: the latest), shaped and placed as
+  ``template``; None when there is no checkpoint.
+
+  Raises:
+    ValueError: the checkpoint does not fit ``template``'s model/optimizer.
+  """
+  step = manager.latest_step() if step is None else step
+  if step is None:
     return None
-  with open(path, "rb") as f:
-    try:
-      return flax.serialization.from_bytes(jax.device_get(template), f.read())
-    except Exception as e:  # pylint: disable=broad-except
-      raise ValueError(f"{path} does not match this configuration's model "
-                       f"or optimizer: {e}") from e
+  abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
+  try:
+    return manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"checkpoint {step} in {manager.directory} does not match "
+                     f"this configuration's model or optimizer: {e}") from e
+
+
+def load_checkpoint(workdir: str, step: Optional[int] = None
+                    ) -> Optional[dict[str, Any]]:
+  """A run's saved server state as host arrays (e.g. its final model).
+
+  Args:
+    workdir: the run's folder.
+    step: the round (default: the latest checkpoint).
+
+  Returns:
+    ``{'params': ..., 'opt_state': ..., 'round': ...}`` (NumPy leaves), or
+    None when the workdir holds no checkpoint.
+  """
+  folder = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+  if not os.path.isdir(folder):
+    return None
+  with ocp.CheckpointManager(
+      folder, item_handlers=ocp.StandardCheckpointHandler(),
+      options=ocp.CheckpointManagerOptions(read_only=True)) as manager:
+    step = manager.latest_step() if step is None else step
+    if step is None:
+      return None
+    meta = manager.item_metadata(step)
+    # On this process's first CPU device, whatever devices wrote it.
+    host = jax.sharding.SingleDeviceSharding(
+        jax.local_devices(backend="cpu")[0])
+    abstract = jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=host),
+        getattr(meta, "tree", meta))
+    tree = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  return jax.tree_util.tree_map(np.asarray, tree)
+
+
+def _replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
+  """Every leaf copied to every device of ``mesh`` (all processes' devices)."""
+  sharding = NamedSharding(mesh, P())
+
+  def put(leaf):
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      impl = jax.random.key_impl(leaf)
+      data = put(jax.random.key_data(leaf))
+      return jax.random.wrap_key_data(data, impl=impl)
+    host = np.asarray(leaf)
+    return jax.make_array_from_callback(host.shape, sharding,
+                                        lambda idx: host[idx])
+
+  return jax.tree_util.tree_map(put, tree)
 
 
 def plot_metrics(records: list[dict[str, Any]], path: str) -> None:
   """Writes test accuracy and train loss vs round to ``path`` (PNG)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = storage.pyplot()
   rounds = [r["round"] for r in records]
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
   axes[0].plot(rounds, [r["test_accuracy"] for r in records])
@@ -311,7 +372,7 @@ def plot_metrics(records: list[dict[str, Any]], path: str) -> None:
   axes[1].set_xlabel("round")
   axes[1].set_ylabel("train loss")
   fig.tight_layout()
-  io_lib.save_figure(fig, path)
+  storage.save_figure(fig, path)
   plt.close(fig)
 
 
@@ -341,41 +402,64 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   full.update(config)
   config = full
   _check_config(config)
+  multi = distributed.initialize(config.coordinator_address,
+                                 config.num_processes, config.process_id)
+  primary = distributed.is_primary()
   os.makedirs(workdir, exist_ok=True)
   resuming = _check_workdir(config, workdir)
+  distributed.barrier("repdef_jax.training: workdir checked")
 
   clients, test, info = build_data(config)
   model = models_lib.get_model(config.model, info.image_shape,
                                info.num_classes, init=config.model_init,
-                               conv_impl=config.conv_impl)
+                               conv_impl=config.conv_impl,
+                               **config.model_kwargs.to_dict())
   fcfg = build_fedavg_config(config, model)
   data = fedavg.as_client_arrays(clients)
   fedavg.check_setup(fcfg, data)
 
+  if primary and not resuming:
+    storage.write_bytes(os.path.join(workdir, CONFIG_FILE),
+                        json.dumps(_config_dict(config), indent=2,
+                                   sort_keys=True).encode())
+
   keys = fedavg.key_streams(config.seed)
   state = fedavg.init(model, fcfg, keys.init)
-  restored = _load_checkpoint(workdir, state) if resuming else None
+  mesh = None
+  if multi or config.num_devices != 1:
+    mesh = fedavg.make_mesh(None if multi or config.num_devices == 0
+                            else config.num_devices)
+    # Placed once on every device (of every process), not at every round.
+    state, data, test, keys = _replicate((state, data, test, keys), mesh)
+  manager = checkpoint_manager(workdir, config.checkpoints_to_keep)
+  try:
+    return _train(config, workdir, manager, model, fcfg, state, data, test,
+                  keys, mesh, primary, resuming, clients.num_clients)
+  finally:
+    manager.close()  # Waits for a save in flight.
+
+
+def _train(config, workdir, manager, model, fcfg, state, data, test, keys,
+           mesh, primary, resuming, num_clients):
+  """The round loop of :func:`train_and_evaluate`."""
+  restored = restore_checkpoint(manager, state) if resuming else None
   start = 0
   if restored is not None:
-    state = jax.tree_util.tree_map(jnp.asarray, restored)
+    state = restored
     start = int(state.round)
-  # Drop metric lines past the checkpoint (and torn lines): atomic rewrite.
-  kept = read_metrics(workdir, upto_round=start)
-  kept = [r for r in kept if r["round"] <= start]
-  io_lib.write_bytes(os.path.join(workdir, METRICS_FILE),
-                "".join(json.dumps(r, sort_keys=True) + "\n"
-                        for r in kept).encode())
-  if not resuming:
-    io_lib.write_bytes(os.path.join(workdir, CONFIG_FILE),
-                  json.dumps(_config_dict(config), indent=2,
-                             sort_keys=True).encode())
+  if primary:
+    # Drop metric lines past the checkpoint (and torn lines): atomic rewrite.
+    kept = read_metrics(workdir, upto_round=start)
+    storage.write_bytes(os.path.join(workdir, METRICS_FILE),
+                        "".join(json.dumps(r, sort_keys=True) + "\n"
+                                for r in kept).encode())
 
-  mesh = fedavg.make_mesh(config.num_devices) if config.num_devices > 1 else None
   round_fn = fedavg.make_round(model, fcfg, mesh=mesh,
                                eval_global_loss=config.eval_global_loss)
-  logger.info("Run: %s on %s, %d clients, rounds %d -> %d%s", config.model,
-              config.dataset, clients.num_clients, start, config.rounds,
-              " (resumed)" if start else "")
+  log = logger.info if primary else logger.debug
+  log("Run: %s on %s, %d clients, rounds %d -> %d%s", config.model,
+      config.dataset, num_clients, start, config.rounds,
+      " (resumed)" if start else "")
   t_start = t0 = time.time()
   done_here = 0
   diverged_at = None
@@ -392,20 +476,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       else:
         record[k] = float(v)
     record["finite"] = finite
-    _append_line(os.path.join(workdir, METRICS_FILE), record)
+    if primary:
+      _append_line(os.path.join(workdir, METRICS_FILE), record)
     if not finite:
       diverged_at = r + 1
-      msg = (f"round {r + 1}: non-finite loss or parameters; stopping "
-             "(last checkpoint kept).")
-      logger.warning(msg)
-      print(msg, flush=True)
+      if primary:
+        msg = (f"round {r + 1}: non-finite loss or parameters; stopping "
+               "(last checkpoint kept).")
+        logger.warning(msg)
+        print(msg, flush=True)
       break
     done_here += 1
     if done_here == 1:
       t0 = time.time()  # Rates exclude the first round (compilation).
     if (r + 1) % config.checkpoint_every == 0 or r + 1 == config.rounds:
-      _save_checkpoint(workdir, state)
-    if (r + 1) % config.log_every == 0 or r + 1 == config.rounds:
+      manager.save(r + 1, args=ocp.args.StandardSave(state))
+    if primary and ((r + 1) % config.log_every == 0 or r + 1 == config.rounds):
       rate = (done_here - 1) / max(time.time() - t0, 1e-9) if done_here > 1 \
           else 1.0 / max(time.time() - t_start, 1e-9)
       eta = (config.rounds - r - 1) / max(rate, 1e-9)
@@ -414,8 +500,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
              f"{rate:.2f} rounds/s ETA {eta:.0f}s")
       logger.info(msg)
       print(msg, flush=True)
+  manager.wait_until_finished()
+  distributed.barrier("repdef_jax.training: done")
   records = read_metrics(workdir)
-  if config.plot and records:
+  if primary and config.plot and records:
     plot_metrics(records, os.path.join(workdir, PLOT_FILE))
   return {"state": state, "metrics": records,
           "diverged_at_round": diverged_at}

@@ -658,7 +658,7 @@ def test_training_refuses_other_config_and_keeps_workdir(tmp_path):
             "plot": False, "data_dir": "/nonexistent/tfds", "seed": 123})
   saved = json.loads(c.to_json())
   (workdir / training.CONFIG_FILE).write_text(json.dumps(saved))
-  (workdir / training.CHECKPOINT_FILE).write_bytes(b"old checkpoint")
+  (workdir / training.LEGACY_CHECKPOINT_FILE).write_bytes(b"old checkpoint")
   (workdir / training.METRICS_FILE).write_text('{"round": 1}\n')
   before = {p.name: p.read_bytes() for p in workdir.iterdir()}
   with pytest.raises(ValueError, match=r"different configuration \(seed"):
