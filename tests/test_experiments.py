@@ -4,12 +4,10 @@ Every run reads ``tfds.testing.mock_data`` (no real data) and checks the
 files it writes and that a rerun reuses the finished cells.
 """
 
-import json
 import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,11 +16,9 @@ if ROOT not in sys.path:
 
 from experiments.configs import adaptive as adaptive_cfg  # noqa: E402
 from experiments.configs import certified as certified_cfg  # noqa: E402
-from experiments.configs import tradeoff as tradeoff_cfg  # noqa: E402
 from experiments.configs import visual as visual_cfg  # noqa: E402
 from repdef_jax.paper import adaptive  # noqa: E402
 from repdef_jax.paper import theorem1  # noqa: E402
-from repdef_jax.paper import tradeoff  # noqa: E402
 from repdef_jax import training  # noqa: E402
 from repdef_jax.paper import settings  # noqa: E402
 from repdef_jax.paper import visual  # noqa: E402
@@ -49,7 +45,7 @@ def _rerun_reuses(module, config, workdir):
 
 
 def test_presets_exist():
-  for cfg in (tradeoff_cfg, visual_cfg, certified_cfg, adaptive_cfg):
+  for cfg in (visual_cfg, certified_cfg, adaptive_cfg):
     for preset in ("quick", "full", "tiny"):
       assert cfg.get_config(preset) is not None
     with pytest.raises(ValueError, match="preset"):
@@ -66,35 +62,6 @@ def test_federated_setting():
     settings.federated_setting("nope")
   with pytest.raises(ValueError, match="roundz"):
     settings.federated_setting("paper", roundz=3)
-
-
-def test_tradeoff_end_to_end(mock_env):
-  train = tradeoff_cfg.get_config("tiny").train
-  train.rounds = 3
-  result, workdir, config = _run(tradeoff, tradeoff_cfg, mock_env, "tradeoff",
-                                 accuracy_window=2, train=train)
-  assert {"tradeoff.json", "tradeoff.png", "tradeoff_raw_mse.png",
-          "cells"} <= set(os.listdir(workdir))
-  with open(os.path.join(workdir, "tradeoff.json")) as f:
-    saved = json.load(f)
-  panel = saved["panels"]["mnist/gs"]
-  assert set(panel["curves"]) == {"soteria", "compression"}
-  assert panel["curves"]["soteria"][0]["strength"] == 0.0
-  assert "compression" in panel["ratios"]
-  assert {"soteria", "compression"} == set(panel["unrecognisable"])
-  for pts in panel["curves"].values():
-    for p in pts:
-      assert 0.0 <= p["accuracy"] <= 1.0
-  # 3 train cells + 3 attack cells, reused on a rerun.
-  cells = os.path.join(workdir, "cells")
-  assert len(os.listdir(cells)) == 6
-  # Utility = mean of the last accuracy_window (2) of the 3 evaluations.
-  with open(os.path.join(cells, "mnist_train_none_0.json")) as f:
-    cell = json.load(f)
-  assert len(cell["accuracy_curve"]) == 3
-  assert cell["accuracy"] == pytest.approx(np.mean(cell["accuracy_curve"][1:]))
-  assert cell["final_accuracy"] == cell["accuracy_curve"][-1]
-  _rerun_reuses(tradeoff, config, workdir)
 
 
 def test_visual_end_to_end(mock_env):

@@ -5,7 +5,8 @@ r"""Every experiment of the paper, then REPORT.md.
 
 Presets: quick (a 2-core CPU), full (paper scale, GPU/TPU), tiny (tests, with
 --mock_data). --parts=tradeoff,visual runs a subset; --report_only rewrites
-the report. A rerun skips finished parts and resumes unfinished ones.
+the report; --readme=README.md also refreshes the README's results block.
+A rerun skips finished parts and resumes unfinished ones.
 """
 
 import ml_collections
@@ -20,4 +21,5 @@ def get_config() -> ml_collections.ConfigDict:
   c.mock_data = 0  # Tests: tfds mock data with this many examples per split.
   c.report_only = False
   c.data_dir = ""
+  c.readme = ""  # e.g. README.md: refresh its generated results block.
   return c

@@ -1,409 +1,613 @@
-"""Utility-privacy trade-off of the defenses (Sun et al. 2021, Section 6).
+"""The utility-privacy trade-off of the defenses (Sun et al. 2021, Section 6).
 
-References:
-  Sun et al., "Provable Defense against Privacy Leakage in Federated Learning
-  from Representation Perspective", CVPR 2021, arXiv 2012.06043, Section 6
-  (Fig. 4/5: accuracy vs MSE of DLG and GS reconstructions on MNIST and
-  CIFAR-10, Soteria vs gradient compression, DP-Gaussian and DP-Laplace).
+For every panel (model x dataset), seed, defense and strength: utility is the
+test accuracy of defended FedAvg (defense at every local step), privacy the
+best of an attack suite (plain, iDLG, adaptive) on what a client shares, both
+on its one-image gradient at round 0 and on its real multi-step update at
+round 0, mid-training and the final round of the defended run. Every cell is
+a resumable JSON file. The statistics (:mod:`repdef_jax.paper.equal_accuracy`,
+:mod:`repdef_jax.paper.stats`) and the verdict rules are fixed in
+``docs/evaluation.md``. Metrics are in [0, 1] pixel space.
 
-For every dataset, defense and strength of a sweep this module measures
-
-* **utility**: the test accuracy of the global model after defended FedAvg
-  (:func:`repdef_jax.training.train_and_evaluate`, the defense applied to
-  every local gradient), averaged over the last ``accuracy_window``
-  evaluations (non-IID FedAvg's accuracy swings from round to round), one
-  resumable run per (dataset, defense, strength);
-* **privacy**: the reconstruction error of each attack (DLG, GS, ...) on the
-  gradient a client shares at the run's initial global model (round 0, the
-  most exposed point; same parameters as the run's FedAvg initialisation),
-  one image per gradient, averaged over ``num_images`` test images. Every
-  metric is in the models' input space, [0, 1] (no normalisation): ``mse`` is
-  the paper's raw, unclamped MSE, ``mse_clamped`` clamps the reconstruction
-  to [0, 1] first; PSNR / SSIM use clamped images.
-
-Each (dataset, defense, strength) training cell and each (dataset, attack,
-defense, strength) attack cell is a JSON file written atomically under
-``workdir/cells`` and skipped when present (:class:`repdef_jax.paper.harness.
-CellStore`): a killed sweep resumes.
-
-Definitions used by the summary (documented in the JSON and the report):
-
-* **MSE ratio at equal accuracy** (the paper's ">160x"): for every baseline
-  point ``(a_b, m_b)`` with strength > 0, Soteria's MSE "at the same
-  accuracy" is the largest MSE on Soteria's curve (points in order of
-  strength, linearly interpolated between consecutive strengths, the
-  undefended point included as strength 0) whose accuracy is at least
-  ``a_b - tol`` (``tol`` = ``equal_accuracy_tol``, default 0.01 = one
-  point). The ratio is that MSE over ``m_b``; we report every ratio, their
-  maximum (the paper's "as much as") and median. A baseline point Soteria
-  cannot match in accuracy gets no ratio.
-* **Unrecognisable threshold**: the mean reconstruction is unrecognisable
-  when its SSIM (clamped [0, 1] images) is at most ``threshold`` (default
-  0.2); configurable to ``mse_clamped`` at least a threshold. For each
-  defense the first crossing along increasing strength is found by linear
-  interpolation in strength and the accuracy there (interpolated the same
-  way) is compared with the undefended accuracy: ``accuracy_drop =
-  acc(none) - acc(crossing)``, in accuracy points (fraction). Not reached in
-  the sweep -> ``None``.
+Departures from the paper: the attacked "real update" is a client holding a
+small batch (``update_attack.batch`` images) that runs ``local_steps``
+full-batch SGD steps; the attacks treat ``-update / (lr * steps)`` as the
+batch gradient. Labels are given to every attack but iDLG (recoverable from
+the last layer for small batches).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
+import flax.serialization
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from repdef_jax import data as data_lib
 from repdef_jax import defenses as defenses_lib
-from repdef_jax.paper import harness
-from repdef_jax import storage
+from repdef_jax import fedavg
 from repdef_jax import models as models_lib
+from repdef_jax import partition as partition_lib
+from repdef_jax import storage
 from repdef_jax import training
+from repdef_jax.paper import equal_accuracy
+from repdef_jax.paper import harness
+from repdef_jax.paper import report as report_lib
+from repdef_jax.paper import stats
 
 BASELINES = ("compression", "dp_gaussian", "dp_laplace")
 RESULT_FILE = "tradeoff.json"
 PLOT_FILE = "tradeoff.png"
-PLOT_RAW_FILE = "tradeoff_raw_mse.png"
+STAGES = ("first", "mid", "final")
+PRIVACY_METRICS = ("mse_clamped", "mse", "ssim", "psnr")
 
 
 # --------------------------------------------------------------------------
-# Analysis (pure functions of the measured points).
+# The plan: which cells a config asks for.
 
 
-def _num(v: Any) -> float:
-  """JSON number or 'inf'/'nan' string -> float."""
-  return float(v)
-
-
-def sorted_curve(points: Sequence[dict], metric: str) -> list[tuple]:
-  """``[(strength, accuracy, metric value)]`` sorted by strength."""
-  out = [(float(p["strength"]), float(p["accuracy"]), _num(p[metric]))
-         for p in points]
-  return sorted(out)
-
-
-def best_metric_at_accuracy(curve: Sequence[tuple], acc_min: float
-                            ) -> float | None:
-  """Largest metric value on a piecewise-linear curve with accuracy >= acc_min.
-
-  Args:
-    curve: ``[(strength, accuracy, value)]`` sorted by strength.
-    acc_min: the accuracy floor.
-
-  Returns:
-    The maximum value (None if no point of the curve reaches ``acc_min``).
-  """
-  best = None
-
-  def consider(v):
-    nonlocal best
-    if math.isnan(v):
-      return
-    best = v if best is None else max(best, v)
-
-  for _, a, v in curve:
-    if a >= acc_min:
-      consider(v)
-  for (_, a0, v0), (_, a1, v1) in zip(curve[:-1], curve[1:]):
-    if a0 == a1 or (a0 >= acc_min) == (a1 >= acc_min):
-      continue
-    t = (acc_min - a0) / (a1 - a0)  # where the segment crosses acc_min
-    if math.isinf(v0) or math.isinf(v1):
-      consider(v0 if a0 >= acc_min else v1)
-    else:
-      consider(v0 + t * (v1 - v0))
-  return best
-
-
-def mse_ratios(soteria: Sequence[dict], baseline: Sequence[dict], *,
-               metric: str = "mse", tol: float = 0.01) -> dict[str, Any]:
-  """Soteria / baseline MSE at (approximately) equal accuracy.
-
-  Args:
-    soteria: Soteria's points (dicts with strength, accuracy, ``metric``),
-      the undefended point included as strength 0.
-    baseline: the baseline's points, same form.
-    metric: 'mse' (raw) or 'mse_clamped'.
-    tol: accuracy tolerance (fraction; 0.01 = one point).
-
-  Returns:
-    ``{'per_point': [{strength, accuracy, baseline, soteria, ratio}],
-    'max': float|None, 'median': float|None}``.
-  """
-  s_curve = sorted_curve(soteria, metric)
-  rows = []
-  for strength, acc, m_b in sorted_curve(baseline, metric):
-    if strength == 0:
-      continue
-    m_s = best_metric_at_accuracy(s_curve, acc - tol)
-    ratio = None
-    if m_s is not None and m_b > 0 and math.isfinite(m_b):
-      ratio = m_s / m_b
-    rows.append({"strength": strength, "accuracy": acc, "baseline": m_b,
-                 "soteria": m_s, "ratio": ratio})
-  ratios = [r["ratio"] for r in rows
-            if r["ratio"] is not None and math.isfinite(r["ratio"])]
-  return {"per_point": rows,
-          "max": max(ratios) if ratios else None,
-          "median": float(np.median(ratios)) if ratios else None}
-
-
-def threshold_crossing(points: Sequence[dict], *, metric: str = "ssim",
-                       threshold: float = 0.2, below: bool = True
-                       ) -> dict[str, Any]:
-  """Where a defense's curve first becomes "unrecognisable".
-
-  Args:
-    points: the defense's points (strength, accuracy, ``metric``), the
-      undefended point included as strength 0.
-    metric: 'ssim' (unrecognisable when <= threshold) or an MSE (when >=).
-    threshold: the threshold.
-    below: True: crossing when value <= threshold; False: >=.
-
-  Returns:
-    ``{'strength', 'accuracy', 'accuracy_drop', 'reached'}``; strength and
-    accuracy linearly interpolated between the bracketing sweep points;
-    ``accuracy_drop`` relative to the strength-0 point (None when the sweep
-    has no strength-0 point or never crosses).
-  """
-  curve = sorted_curve(points, metric)
-  ok = (lambda v: v <= threshold) if below else (lambda v: v >= threshold)
-  base_acc = next((a for s, a, _ in curve if s == 0), None)
-  prev = None
-  for s, a, v in curve:
-    if ok(v):
-      if prev is None or not math.isfinite(v) or not math.isfinite(prev[2]):
-        cs, ca = s, a
-      else:
-        ps, pa, pv = prev
-        t = (threshold - pv) / (v - pv) if v != pv else 1.0
-        t = min(max(t, 0.0), 1.0)
-        cs, ca = ps + t * (s - ps), pa + t * (a - pa)
-      drop = None if base_acc is None else base_acc - ca
-      return {"strength": cs, "accuracy": ca, "accuracy_drop": drop,
-              "reached": True}
-    prev = (s, a, v)
-  return {"strength": None, "accuracy": None, "accuracy_drop": None,
-          "reached": False}
-
-
-def summarize(curves: dict[str, list[dict]], *, tol: float,
-              unrec_metric: str, unrec_threshold: float) -> dict[str, Any]:
-  """Ratios and threshold crossings for one (dataset, attack) panel."""
-  out = {"ratios": {}, "unrecognisable": {}}
-  if "soteria" in curves:
-    for b in BASELINES:
-      if b in curves:
-        out["ratios"][b] = {
-            m: mse_ratios(curves["soteria"], curves[b], metric=m, tol=tol)
-            for m in ("mse", "mse_clamped")}
-  below = unrec_metric in ("ssim", "psnr")
-  for name, pts in curves.items():
-    out["unrecognisable"][name] = threshold_crossing(
-        pts, metric=unrec_metric, threshold=unrec_threshold, below=below)
+def strengths(config: ml_collections.ConfigDict) -> list[tuple[str, float]]:
+  """``[(defense, strength)]``: the undefended cell, then every sweep point."""
+  out = [("none", 0.0)]
+  for name, values in config.defenses.items():
+    out += [(name, float(s)) for s in values]
   return out
+
+
+def update_strengths(config: ml_collections.ConfigDict
+                     ) -> list[tuple[str, float]]:
+  """The (defense, strength) cells whose real updates are attacked."""
+  return [(d, float(s)) for d, values in config.update_attack.cells.items()
+          for s in values]
+
+
+def panel_config(config: ml_collections.ConfigDict,
+                 name: str) -> ml_collections.ConfigDict:
+  """The training block of a panel: the shared ``train`` with its overrides."""
+  panel = config.panels[name]
+  c = training.default_config()
+  c.update(config.train.to_dict())
+  c.update(panel.get("train", ml_collections.ConfigDict()).to_dict())
+  c.dataset = panel.dataset
+  c.model = panel.model
+  c.model_init = panel.model_init
+  c.model_kwargs = panel.get("model_kwargs", ml_collections.ConfigDict())
+  c.data_dir = config.data_dir
+  c.plot = False
+  return c
+
+
+def plan(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
+  """Every cell of the run, in execution order (for progress and dry runs)."""
+  cells = []
+  upd = set(update_strengths(config))
+  for panel in config.panels:
+    for seed in config.seeds:
+      for defense, strength in strengths(config):
+        base = {"panel": panel, "seed": int(seed), "defense": defense,
+                "strength": strength}
+        cells.append({**base, "kind": "train"})
+        cells.append({**base, "kind": "attack"})
+        if (defense, strength) in upd:
+          cells += [{**base, "kind": "update", "stage": st}
+                    for st in config.update_attack.stages]
+  return cells
+
+
+def _cell_name(cell: dict[str, Any]) -> str:
+  return harness.cell_name(cell["panel"], f"seed{cell['seed']}", cell["kind"],
+                           cell["defense"], cell["strength"],
+                           cell.get("stage", ""))
 
 
 # --------------------------------------------------------------------------
 # Measurement.
 
 
-def train_config(config: ml_collections.ConfigDict, dataset: str,
-                 defense: str, strength: float) -> ml_collections.ConfigDict:
-  """The :func:`repdef_jax.training.train_and_evaluate` config of a cell."""
-  c = training.default_config()
-  c.update(config.train.to_dict())
-  c.dataset = dataset
-  c.model = config.model
-  c.model_init = config.model_init
+class _Panel:
+  """What every cell of one (panel, seed) shares: model, data, keys."""
+
+  def __init__(self, config: ml_collections.ConfigDict, name: str,
+               seed: int):
+    self.name, self.seed = name, seed
+    spec = config.panels[name]
+    self.train_config = panel_config(config, name)
+    self.train_config.seed = seed
+    info = data_lib.get_info(spec.dataset)
+    self.model = models_lib.get_model(
+        spec.model, info.image_shape, info.num_classes, init=spec.model_init,
+        **spec.get("model_kwargs", ml_collections.ConfigDict()).to_dict())
+    self.keys = harness.sweep_keys(seed)
+    self.params0 = self.model.init(self.keys.init)
+    test_x, test_y = data_lib.load(spec.dataset, "test",
+                                   config.data_dir or None)
+    pick = np.asarray(jax.random.choice(self.keys.data, len(test_y),
+                                        (config.num_images,), replace=False))
+    self.images = data_lib.to_float(np.asarray(test_x)[pick])
+    self.labels = np.asarray(test_y, np.int32)[pick]
+    self.indices = pick
+    self.attacks = tuple(spec.attacks)
+
+
+def _train(config, panel: _Panel, defense: str, strength: float,
+           run_dir: str, rounds: int) -> dict[str, Any]:
+  c = ml_collections.ConfigDict(panel.train_config.to_dict())
   c.defense = defense
   c.defense_strength = float(strength)
-  c.seed = config.seed
-  c.data_dir = config.data_dir
-  c.plot = False
-  return c
+  c.rounds = int(rounds)
+  return training.train_and_evaluate(c, run_dir)
 
 
-def _train_cell(config, dataset, defense, strength, run_dir) -> dict:
-  c = train_config(config, dataset, defense, strength)
-  result = training.train_and_evaluate(c, run_dir)
+def _snapshot_path(run_dir: str, stage: str) -> str:
+  return os.path.join(run_dir, f"params_{stage}.msgpack")
+
+
+def train_cell(config, panel: _Panel, defense: str, strength: float,
+               run_dir: str, snapshots: bool) -> dict[str, Any]:
+  """Defended FedAvg; accuracy = mean of the last ``accuracy_window`` evals.
+
+  With ``snapshots`` the run stops at mid-training (a checkpoint), saves the
+  global parameters there, and continues to the end; the final parameters
+  are saved too (the real-update attacks read them).
+  """
+  rounds = panel.train_config.rounds
+  legs = [rounds // 2, rounds] if snapshots else [rounds]
+  result = None
+  for stage, upto in zip(("mid", "final")[-len(legs):], legs):
+    result = _train(config, panel, defense, strength, run_dir, upto)
+    if snapshots and result.get("diverged_at_round") is None:
+      storage.write_bytes(_snapshot_path(run_dir, stage),
+                          flax.serialization.to_bytes(
+                              jax.device_get(result["state"].params)))
   recs = result["metrics"]
-  last = recs[-1]
-  # Non-IID FedAvg's test accuracy swings by several points from round to
-  # round; the mean of the last evaluations is a steadier utility measure.
-  window = [float(r["test_accuracy"]) for r in recs[-config.accuracy_window:]]
-  out = {"dataset": dataset, "defense": defense, "strength": strength,
-         "accuracy": float(np.mean(window)),
-         "final_accuracy": float(last["test_accuracy"]),
-         "test_loss": float(last.get("test_loss", float("nan"))),
-         "rounds": int(last["round"]),
-         "accuracy_curve": [float(r["test_accuracy"]) for r in recs],
-         # Non-finite loss/params: training stopped there (None: finished).
+  acc = [float(r["test_accuracy"]) for r in recs if "test_accuracy" in r]
+  out = {"accuracy": float(np.mean(acc[-config.accuracy_window:])),
+         "final_accuracy": acc[-1], "accuracy_curve": acc,
+         "rounds": int(recs[-1]["round"]),
          "diverged_at_round": result.get("diverged_at_round")}
-  for k, v in last.items():
+  for k, v in recs[-1].items():
     if k.startswith("defense/"):
       out[k] = float(v)
   return out
 
 
-def _attack_cell(config, dataset, attack, defense, strength, model, params,
-                 images, labels, keys) -> dict:
-  d = defenses_lib.get_defense(defense, strength, model=model)
-  per_image = []
-  for i in range(len(images)):
-    m, _, _ = harness.defend_and_attack(
-        model, params, d, images[i:i + 1], labels[i:i + 1], attack,
-        *harness.image_keys(keys, i),
-        iterations=config.attack_iterations.get(attack) or None,
-        restarts=config.gs_restarts or None,
+def _image_entry(suite: dict[str, Any]) -> dict[str, Any]:
+  keep = ("mse", "mse_clamped", "psnr", "ssim", "diverged", "seconds",
+          "iterations", "label_accuracy", "same_as")
+  return {"attacks": {n: {k: m[k] for k in keep if k in m}
+                      for n, m in suite["attacks"].items()},
+          "best": suite["best"]}
+
+
+def attack_cell(config, panel: _Panel, defense: str,
+                strength: float) -> dict[str, Any]:
+  """The attack suite on each image's one-image gradient at round 0."""
+  d = defenses_lib.get_defense(defense, strength, model=panel.model)
+  images = []
+  for i in range(len(panel.images)):
+    x, y = panel.images[i:i + 1], panel.labels[i:i + 1]
+    k_attack, k_defense = harness.image_keys(panel.keys, i)
+    _, shared, info = harness.defend(panel.model, panel.params0, d, x, y,
+                                     k_defense)
+    suite = harness.attack_suite(
+        panel.model, panel.params0, shared, x, y, panel.attacks, k_attack,
+        budgets=config.attack_budgets.to_dict(),
         give_labels=config.give_labels)
-    per_image.append(m)
-  out = {"dataset": dataset, "attack": attack, "defense": defense,
-         "strength": strength, "images": per_image}
-  for k in ("mse", "mse_clamped", "psnr", "ssim", "input_distance"):
-    vals = np.array([float(m[k]) for m in per_image])
-    out[k] = harness.finite_or_str(np.mean(vals))
-    out[k + "_median"] = harness.finite_or_str(np.median(vals))
-  out["diverged_fraction"] = float(np.mean([m["diverged"] for m in per_image]))
-  for k in per_image[0]:
-    if k.startswith("defense/"):
-      out[k] = float(np.mean([m[k] for m in per_image]))
+    images.append({"index": int(panel.indices[i]), "label": int(y[0]),
+                   **_image_entry(suite),
+                   **{f"defense/{k}": v for k, v in info.items()}})
+  return {"images": images}
+
+
+@functools.lru_cache(maxsize=8)
+def _client_data(dataset: str, data_dir: str, num_clients: int,
+                 classes: int, samples: int, seed: int):
+  images, labels = data_lib.load(dataset, "train", data_dir or None)
+  idx = partition_lib.noniid(labels, num_clients=num_clients,
+                             classes_per_client=classes,
+                             samples_per_class=samples, seed=seed)
+  return images, np.asarray(labels, np.int32), idx
+
+
+def update_cell(config, panel: _Panel, defense: str, strength: float,
+                stage: str, run_dir: str) -> dict[str, Any]:
+  """The attack suite on a client's real update at a training stage."""
+  tc, ua = panel.train_config, config.update_attack
+  rounds = {"first": 0, "mid": tc.rounds // 2, "final": tc.rounds}[stage]
+  if stage == "first":
+    params = panel.params0
+  else:
+    path = _snapshot_path(run_dir, stage)
+    if not os.path.exists(path):
+      return {"skipped": f"training diverged before the {stage} stage"}
+    with open(path, "rb") as f:
+      params = flax.serialization.from_bytes(panel.params0, f.read())
+  images, labels, idx = _client_data(
+      tc.dataset, config.data_dir, tc.num_clients, tc.classes_per_client,
+      tc.samples_per_class, panel.seed)
+  # The attacked client: drawn per (seed, stage) from the data stream.
+  stage_key = jax.random.fold_in(panel.keys.data, rounds)
+  cid = int(jax.random.randint(stage_key, (), 0, len(idx)))
+  pick = np.asarray(idx[cid])[:ua.batch]
+  x = data_lib.to_float(images[pick])
+  y = labels[pick]
+  d = defenses_lib.get_defense(defense, strength, model=panel.model)
+  lr = float(tc.client_lr)
+  fcfg = fedavg.FedAvgConfig(local_steps=ua.local_steps, batch_size=ua.batch,
+                             client_lr=lr, defense=d, defense_at="step")
+  run_keys = fedavg.key_streams(panel.seed)
+  train_key, noise_key = fedavg.client_keys(run_keys, jnp.int32(rounds), cid)
+  delta, info = jax.jit(functools.partial(
+      fedavg.client_update, panel.model, fcfg))(
+          params, jnp.asarray(x), jnp.asarray(y), jnp.ones(len(y)),
+          train_key, noise_key)
+  shared = jax.tree_util.tree_map(lambda u: -u / (lr * ua.local_steps), delta)
+  suite = harness.attack_suite(
+      panel.model, params, shared, x, y, tuple(ua.attacks),
+      jax.random.fold_in(panel.keys.attack, rounds),
+      budgets=config.attack_budgets.to_dict(), give_labels=config.give_labels)
+  return {"client": cid, "round": rounds, "labels": y.tolist(),
+          **_image_entry(suite),
+          **{k: float(v) for k, v in info.items() if k.startswith("defense/")}}
+
+
+def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
+  """Runs (or reads) every planned cell; yields ``(cell, result)``."""
+  store = harness.CellStore(os.path.join(workdir, "cells"))
+  cells = plan(config)
+  progress = harness.Progress(len(cells), "tradeoff")
+  upd = set(update_strengths(config))
+  panels: dict[tuple[str, int], _Panel] = {}
+  for cell in cells:
+    key = (cell["panel"], cell["seed"])
+    if key not in panels:
+      panels.clear()  # One (panel, seed) at a time holds its data.
+      panels[key] = _Panel(config, *key)
+    panel = panels[key]
+    d, s = cell["defense"], cell["strength"]
+    run_dir = os.path.join(workdir, "runs", cell["panel"],
+                           f"seed{cell['seed']}", harness.cell_name(d, s))
+    if cell["kind"] == "train":
+      fn = functools.partial(train_cell, config, panel, d, s, run_dir,
+                             (d, s) in upd)
+    elif cell["kind"] == "attack":
+      fn = functools.partial(attack_cell, config, panel, d, s)
+    else:
+      fn = functools.partial(update_cell, config, panel, d, s, cell["stage"],
+                             run_dir)
+    yield cell, store.get_or_run(_cell_name(cell), fn, progress)
+
+
+# --------------------------------------------------------------------------
+# Analysis (pure functions of the cells).
+
+
+def _samples(entries: Sequence[dict], attack: str | None, metric: str
+             ) -> list[float]:
+  """Per-image values of one attack (or the best-of when None), dropping
+  diverged attacks (and images where every attack diverged)."""
+  out = []
+  for e in entries:
+    if attack is None:
+      if not e["best"].get("all_diverged"):
+        out.append(float(e["best"][metric]))
+    elif not e["attacks"][attack]["diverged"]:
+      out.append(float(e["attacks"][attack][metric]))
   return out
 
 
-def sweep_cells(config: ml_collections.ConfigDict) -> list[tuple[str, float]]:
-  """``[(defense, strength)]``: the undefended cell, then every sweep point."""
-  cells = [("none", 0.0)]
-  for name, strengths in config.defenses.items():
-    cells += [(name, float(s)) for s in strengths]
-  return cells
+def _metric_summary(values: Sequence[float]) -> dict[str, Any]:
+  m = stats.mean_ci(values)
+  return {"mean": m["mean"], "low": m["low"], "high": m["high"], "n": m["n"],
+          "median": float(np.median(values)) if len(values) else None}
+
+
+def summarize_point(train: list[dict], attack_images: list[dict],
+                    attacks: Sequence[str], success_ssim: float
+                    ) -> dict[str, Any]:
+  """One (panel, defense, strength) point over seeds: accuracy and privacy.
+
+  Returns:
+    accuracy per seed and its interval; per attack and best-of: mean /
+    interval / median of every privacy metric, the success rate (SSIM >=
+    ``success_ssim``) and the diverged count; ``privacy`` samples (per
+    image, best of the suite) for :mod:`repdef_jax.paper.equal_accuracy`.
+  """
+  acc = [c["accuracy"] for c in train]
+  point = {"accuracy": acc, "accuracy_summary": stats.mean_ci(acc),
+           "diverged_training": sum(c.get("diverged_at_round") is not None
+                                    for c in train),
+           "images": len(attack_images)}
+  for metric in PRIVACY_METRICS:
+    point[metric] = _samples(attack_images, None, metric)
+  per = {}
+  for name in (None, *attacks):
+    label = name or "best"
+    ssim = _samples(attack_images, name, "ssim")
+    diverged = (sum(bool(e["best"].get("all_diverged")) for e in attack_images)
+                if name is None else
+                sum(bool(e["attacks"][name]["diverged"]) for e in attack_images))
+    per[label] = {
+        **{m: _metric_summary(_samples(attack_images, name, m))
+           for m in PRIVACY_METRICS},
+        "success_rate": (float(np.mean([v >= success_ssim for v in ssim]))
+                         if ssim else None),
+        "diverged": int(diverged)}
+  point["per_attack"] = per
+  return point
+
+
+def analyse_panel(points: dict[tuple[str, float], dict], config
+                  ) -> dict[str, Any]:
+  """Ratios, first protective points and accuracy drops of one panel."""
+  by_defense: dict[str, list[dict]] = {}
+  for (d, s), p in points.items():
+    if d != "none":
+      by_defense.setdefault(d, []).append({**p, "strength": s})
+  none = points[("none", 0.0)]
+  out = {"ratios": {}, "accuracy_drop": {}}
+  sot = by_defense.get("soteria", [])
+  for b in BASELINES:
+    if b in by_defense and sot:
+      out["ratios"][b] = {
+          metric: {
+              "curve": equal_accuracy.ratio_curve(sot, by_defense[b], metric),
+              "at_first_protective": [
+                  equal_accuracy.ratio_at_first_protective(
+                      sot, by_defense[b], t, metric)
+                  for t in config.thresholds]}
+          for metric in ("mse_clamped", "mse")}
+  for d, pts in by_defense.items():
+    out["accuracy_drop"][d] = [
+        equal_accuracy.accuracy_drop(none, pts, t) for t in config.thresholds]
+  # "Accuracy holds until MSE 0.8": the most private Soteria point whose
+  # paired accuracy drop is at most one point.
+  holds = []
+  for p in sot:
+    drop = stats.paired_difference_ci(none["accuracy"], p["accuracy"])
+    if drop["mean"] is not None and drop["mean"] <= 0.01:
+      holds.append({"strength": p["strength"], "accuracy_drop": drop,
+                    "mse": _metric_summary(p["mse"]),
+                    "mse_clamped": _metric_summary(p["mse_clamped"])})
+  out["accuracy_holds"] = holds
+  return out
+
+
+def panel_claims(name: str, panel: dict[str, Any], config) -> list[dict]:
+  """The paper's trade-off claims for one panel, with verdicts by rule."""
+  works = (panel["undefended_success_rate"].get("best") or 0.0) >= 0.5
+  fail = None if works else "inconclusive (attacks fail undefended)"
+  where = f"{name} ({panel['model']}/{panel['dataset']})"
+  claims = []
+  for b, r in panel["ratios"].items():
+    med = r["mse_clamped"]["curve"]["median"]
+    claims.append(stats.claim(
+        f"{where}: Soteria's MSE / {b}'s at equal accuracy", "> 160x",
+        f"median over {med['n']} measured points of the best-of-attacks "
+        "clamped-MSE ratio ([0,1] pixels)", med["value"], med["low"],
+        med["high"], target=160.0, rule="interval low >= 160",
+        verdict_override=fail if med["value"] is not None else (
+            fail or "inconclusive (no common accuracy range)")))
+    first = next(x for x in r["mse_clamped"]["at_first_protective"]
+                 if x["threshold"] == config.threshold)
+    claims.append(stats.claim(
+        f"{where}: same, at {b}'s first point with SSIM <= "
+        f"{config.threshold}", "> 160x",
+        f"ratio at {b} strength {first['baseline_strength']}",
+        first["value"], first["low"], first["high"], target=160.0,
+        rule="interval low >= 160",
+        verdict_override=fail if first["value"] is not None else (
+            fail or f"inconclusive ({first.get('note')})")))
+  for d, drops in panel["accuracy_drop"].items():
+    drop = next(x for x in drops if x["threshold"] == config.threshold)
+    if d == "soteria":
+      claims.append(stats.claim(
+          f"{where}: Soteria's accuracy drop where reconstructions become "
+          f"unrecognisable (best-of SSIM <= {config.threshold})",
+          "0 (no drop)", f"paired drop at strength {drop['strength']}",
+          drop["mean"], drop["low"], drop["high"], target=0.01,
+          higher_holds=False, rule="interval high <= 0.01",
+          verdict_override=fail or (None if drop["reached"] else
+                                    "did not hold (never unrecognisable)")))
+    else:
+      claims.append(stats.claim(
+          f"{where}: {d}'s accuracy drop at the same threshold",
+          "up to 0.06 (DLG) / 0.09 (GS)",
+          f"paired drop at strength {drop['strength']}" if drop["reached"]
+          else "not reached in the sweep", drop["mean"], drop["low"],
+          drop["high"], target=None))
+  holds = panel["accuracy_holds"]
+  top = max(holds, key=lambda h: h["mse"]["mean"] or 0.0, default=None)
+  claims.append(stats.claim(
+      f"{where}: accuracy holds until MSE 0.8", "0.8",
+      "largest best-of raw MSE ([0,1]) of a Soteria point losing <= 1 "
+      "accuracy point" + (f" (strength {top['strength']})" if top else ""),
+      top["mse"]["mean"] if top else None, top["mse"]["low"] if top else None,
+      top["mse"]["high"] if top else None, target=0.8,
+      rule="interval low >= 0.8",
+      verdict_override=fail or (None if top else
+                                "did not hold (no point keeps accuracy)")))
+  return claims
+
+
+def analyse(config, cells: list[tuple[dict, dict]]) -> dict[str, Any]:
+  """Every panel's points, curves and statistics from the finished cells."""
+  panels = {}
+  for name in config.panels:
+    attacks = tuple(config.panels[name].attacks)
+    points, updates = {}, {}
+    for d, s in strengths(config):
+      mine = [(c, r) for c, r in cells if c["panel"] == name
+              and c["defense"] == d and c["strength"] == s]
+      train = [r for c, r in mine if c["kind"] == "train"]
+      images = [e for c, r in mine if c["kind"] == "attack"
+                for e in r["images"]]
+      points[(d, s)] = summarize_point(train, images, attacks,
+                                       config.success_ssim)
+      ups = [(c, r) for c, r in mine
+             if c["kind"] == "update" and "skipped" not in r]
+      if ups:
+        updates[f"{d}/{s:g}"] = {
+            st: summarize_point(
+                [], [r for c, r in ups if c["stage"] == st],
+                tuple(config.update_attack.attacks), config.success_ssim
+            )["per_attack"]
+            for st in config.update_attack.stages}
+    undefended = points[("none", 0.0)]["per_attack"]
+    panels[name] = {
+        **{k: config.panels[name][k] for k in ("dataset", "model",
+                                               "model_init")},
+        "attacks": list(attacks),
+        "undefended_success_rate": {a: undefended[a]["success_rate"]
+                                    for a in undefended},
+        # Per-image samples stay in the JSON: the statistics can be
+        # recomputed from it.
+        "points": [{"defense": d, "strength": s, **p}
+                   for (d, s), p in points.items()],
+        "updates": updates,
+        **analyse_panel(points, config)}
+  return panels
+
+
+def tables(panels: dict[str, Any]) -> list[dict[str, Any]]:
+  """The report's tables: every point, every attack, the real updates."""
+  iv = lambda m: report_lib.fmt_interval(m["mean"], m["low"], m["high"])  # noqa: E731
+  out = []
+  for name, panel in panels.items():
+    where = f"{name} ({panel['model']}/{panel['dataset']})"
+    rows, per_attack = [], []
+    for p in panel["points"]:
+      best = p["per_attack"]["best"]
+      a = p["accuracy_summary"]
+      rows.append([p["defense"], p["strength"],
+                   report_lib.fmt_interval(a["mean"], a["low"], a["high"]),
+                   iv(best["mse_clamped"]), iv(best["ssim"]),
+                   best["mse"]["median"], best["success_rate"],
+                   f"{best['diverged']}/{p['images']}"])
+      per_attack.append([p["defense"], p["strength"]] + [
+          report_lib.fmt(p["per_attack"][at]["ssim"]["mean"]) +
+          (f" ({p['per_attack'][at]['diverged']} div)"
+           if p["per_attack"][at]["diverged"] else "")
+          for at in panel["attacks"]])
+    out.append({"title": f"{where}: accuracy and best-of-attacks privacy "
+                         "(one-image gradients at round 0)",
+                "header": ["defense", "strength", "accuracy",
+                           "clamped MSE", "SSIM", "raw MSE (median)",
+                           "attack success rate", "all attacks diverged"],
+                "rows": rows})
+    out.append({"title": f"{where}: mean SSIM per attack",
+                "header": ["defense", "strength", *panel["attacks"]],
+                "rows": per_attack})
+    upd = []
+    for cell, stages in panel["updates"].items():
+      for stage, per in stages.items():
+        upd.append([cell, stage, iv(per["best"]["ssim"]),
+                    iv(per["best"]["mse_clamped"]),
+                    per["best"]["success_rate"]] +
+                   [report_lib.fmt(v["ssim"]["mean"]) for k, v in per.items()
+                    if k != "best"])
+    if upd:
+      attacks = [k for k in next(iter(next(iter(
+          panel["updates"].values())).values())) if k != "best"]
+      out.append({"title": f"{where}: attacks on real multi-step updates",
+                  "header": ["cell", "stage", "best SSIM", "best clamped MSE",
+                             "success rate", *[f"{a} SSIM" for a in attacks]],
+                  "rows": upd})
+  return out
+
+
+# --------------------------------------------------------------------------
+# Entry.
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs (or resumes) the sweep; writes ``tradeoff.json`` and the plots.
+  """Runs (or resumes) every cell; writes ``tradeoff.json`` and the plot.
 
-  Args:
-    config: see ``experiments/configs/tradeoff.py``.
-    workdir: output folder.
-
-  Returns:
-    The result dict written to ``tradeoff.json``.
+  With ``config.dry_run`` it only prints the plan and its estimated cost.
   """
+  if config.get("dry_run"):
+    return dry_run(config, workdir)
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
-  store = harness.CellStore(os.path.join(workdir, "cells"))
-  cells = sweep_cells(config)
-  n_total = len(config.datasets) * len(cells) * (1 + len(config.attacks))
-  progress = harness.Progress(n_total, "tradeoff")
-  panels = {}
-  train_cells = {}
-  for dataset in config.datasets:
-    info = data_lib.get_info(dataset)
-    model = models_lib.get_model(config.model, info.image_shape,
-                                 info.num_classes, init=config.model_init)
-    # The attacked parameters: the federated run's initial global model.
-    params = model.init(harness.sweep_keys(config.seed).init)
-    images, labels = data_lib.load(dataset, "test", config.data_dir or None,
-                                   max_examples=config.num_images)
-    images = data_lib.to_float(np.asarray(images))
-    labels = np.asarray(labels, np.int32)
-    keys = harness.sweep_keys(config.seed)
-    accuracy = {}
-    for defense, strength in cells:
-      name = harness.cell_name(dataset, "train", defense, strength)
-      cell = store.get_or_run(
-          name, lambda d=defense, s=strength, n=name: _train_cell(
-              config, dataset, d, s, os.path.join(workdir, "runs", n)),
-          progress)
-      accuracy[(defense, strength)] = cell["accuracy"]
-      train_cells[name] = {k: v for k, v in cell.items()
-                           if k != "accuracy_curve"}
-    for attack in config.attacks:
-      curves: dict[str, list[dict]] = {}
-      for defense, strength in cells:
-        name = harness.cell_name(dataset, attack, defense, strength)
-        cell = store.get_or_run(
-            name, lambda a=attack, d=defense, s=strength: _attack_cell(
-                config, dataset, a, d, s, model, params, images, labels,
-                keys), progress)
-        point = {k: v for k, v in cell.items() if k != "images"}
-        point["accuracy"] = accuracy[(defense, strength)]
-        if defense == "none":
-          for d in config.defenses:
-            curves.setdefault(d, []).append({**point, "strength": 0.0})
-        else:
-          curves.setdefault(defense, []).append(point)
-      panels[f"{dataset}/{attack}"] = {
-          "dataset": dataset, "attack": attack, "curves": curves,
-          **summarize(curves, tol=config.equal_accuracy_tol,
-                      unrec_metric=config.unrecognisable_metric,
-                      unrec_threshold=config.unrecognisable_threshold)}
+  cells = list(_run_cells(config, workdir))
+  panels = analyse(config, cells)
   result = {
       "experiment": "tradeoff",
       "config": config.to_dict(),
       "pixel_space": "[0,1] (model input space; no normalisation)",
-      "definitions": {
-          "accuracy": "test accuracy of the global model after defended "
-                      "FedAvg (defense at every local step), mean of the "
-                      f"last {config.accuracy_window} evaluations (every "
-                      f"{config.train.log_every} rounds)",
-          "mse": "raw MSE, no clamping, [0,1] space (the paper's metric)",
-          "mse_clamped": "MSE after clamping the reconstruction to [0,1]",
-          "attack_point": "one-image gradient at the run's initial global "
-                          "model (round 0)",
-          "equal_accuracy": f"Soteria's largest MSE on its curve (linear "
-                            f"interpolation in strength) with accuracy >= "
-                            f"baseline accuracy - {config.equal_accuracy_tol}",
-          "unrecognisable": f"mean {config.unrecognisable_metric} "
-                            f"{'<=' if config.unrecognisable_metric in ('ssim', 'psnr') else '>='} "
-                            f"{config.unrecognisable_threshold}, first "
-                            "crossing along strength (linear interpolation)",
-      },
-      "train_cells": train_cells,
+      "claims": [c for name, p in panels.items()
+                 for c in panel_claims(name, p, config)],
+      "tables": tables(panels),
       "panels": panels,
       "seconds": time.perf_counter() - start,
+      "cell_seconds": sum(r.get("cell_seconds", 0.0) for _, r in cells),
   }
-  storage.write_json(os.path.join(workdir, RESULT_FILE), result)
-  plot(result, os.path.join(workdir, PLOT_FILE), metric="mse_clamped")
-  plot(result, os.path.join(workdir, PLOT_RAW_FILE), metric="mse")
+  storage.write_json(os.path.join(workdir, RESULT_FILE), harness.jsonable(
+      result))
+  plot(result, os.path.join(workdir, PLOT_FILE))
   return result
 
 
-def report(result: dict, workdir: str) -> None:
-  """Prints the MSE ratios and the accuracy drops at the threshold."""
+def dry_run(config: ml_collections.ConfigDict, workdir: str
+            ) -> dict[str, Any]:
+  """The plan and its estimated cost, without running anything."""
+  from repdef_jax.paper import cost  # pylint: disable=g-import-not-at-top
+  cells = plan(config)
+  estimate = cost.estimate(config, cells, workdir)
+  print(cost.render(estimate))
+  return {"dry_run": True, "cells": len(cells), "estimate": estimate,
+          "seconds": 0.0}
+
+
+def report(result: dict[str, Any], workdir: str) -> None:
+  """Prints every claim with its statistic, interval and verdict."""
   del workdir
-  for key, panel in result["panels"].items():
-    for b, r in panel["ratios"].items():
-      print(f"{key}: MSE ratio soteria/{b} at equal accuracy: max "
-            f"{r['mse']['max']} (raw), {r['mse_clamped']['max']} (clamped)")
-    for d, u in panel["unrecognisable"].items():
-      print(f"{key}: {d} unrecognisable at strength {u['strength']}, "
-            f"accuracy drop {u['accuracy_drop']}")
+  if result.get("dry_run"):
+    return
+  for name, p in result["panels"].items():
+    print(f"{name}: undefended success rate {p['undefended_success_rate']}")
+  for c in result["claims"]:
+    interval = ("" if c["low"] is None else
+                f" [{c['low']:.3g}, {c['high']:.3g}]")
+    value = "n/a" if c["value"] is None else f"{c['value']:.3g}"
+    print(f"{c['claim']}: {value}{interval} (paper {c['paper']}): "
+          f"{c['verdict']}")
 
 
-def plot(result: dict[str, Any], path: str, metric: str = "mse_clamped"
-         ) -> None:
-  """Accuracy vs MSE, one panel per (dataset, attack), one line per defense."""
+def plot(result: dict[str, Any], path: str) -> None:
+  """Accuracy vs best-of-attacks clamped MSE (means with 95 % intervals)."""
   plt = storage.pyplot()
   panels = result["panels"]
-  n = max(len(panels), 1)
-  fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
-  for ax, (key, panel) in zip(axes[0], panels.items()):
-    for name, pts in panel["curves"].items():
-      curve = sorted_curve(pts, metric)
-      xs = [min(v, 1e12) if math.isfinite(v) else 1e12 for _, _, v in curve]
-      ax.plot(xs, [a for _, a, _ in curve], "o-", label=name, ms=3)
-      for (s, a, _), xv in zip(curve, xs):
-        ax.annotate(f"{s:g}", (xv, a), fontsize=5)
-    if metric == "mse":  # raw MSE spans decades; clamped MSE is in [0, 1].
-      ax.set_xscale("log")
-    ax.set_xlabel(f"{metric} ([0,1] space)")
+  fig, axes = plt.subplots(1, max(len(panels), 1),
+                           figsize=(4.6 * max(len(panels), 1), 3.8),
+                           squeeze=False)
+  for ax, (name, panel) in zip(axes[0], panels.items()):
+    defenses = {p["defense"] for p in panel["points"]} - {"none"}
+    none = next(p for p in panel["points"] if p["defense"] == "none")
+    for d in sorted(defenses):
+      pts = sorted([none] + [p for p in panel["points"] if p["defense"] == d],
+                   key=lambda p: p["strength"])
+      xs, ys, xerr, yerr = [], [], [], []
+      for p in pts:
+        m = p["per_attack"]["best"]["mse_clamped"]
+        a = p["accuracy_summary"]
+        if m["mean"] is None or a["mean"] is None:
+          continue
+        xs.append(m["mean"])
+        ys.append(a["mean"])
+        xerr.append(0.0 if m["low"] is None else m["mean"] - m["low"])
+        yerr.append(0.0 if a["low"] is None else a["mean"] - a["low"])
+      ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt="o-", ms=3, capsize=2,
+                  label=d)
+    ax.set_xlabel("best-of-attacks clamped MSE ([0,1] pixels)")
     ax.set_ylabel("test accuracy")
-    ax.set_title(key, fontsize=9)
+    ax.set_title(f"{name} ({panel['model']}/{panel['dataset']})", fontsize=9)
     ax.legend(fontsize=6)
   fig.tight_layout()
   storage.save_figure(fig, path, dpi=100)

@@ -1,0 +1,152 @@
+"""The trade-off experiment: end to end on mock data, analysis, behaviour."""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from experiments.configs import tradeoff as tradeoff_cfg  # noqa: E402
+from repdef_jax import defenses  # noqa: E402
+from repdef_jax import models  # noqa: E402
+from repdef_jax.paper import harness  # noqa: E402
+from repdef_jax.paper import tradeoff  # noqa: E402
+
+NUM_MOCK = 120
+
+
+def test_tiny_end_to_end_and_resume(mock_env):
+  config = tradeoff_cfg.get_config("tiny")
+  config.data_dir = str(mock_env / "data")
+  workdir = str(mock_env / "tradeoff")
+  result = tradeoff.run(config, workdir)
+  assert {"tradeoff.json", "tradeoff.png", "cells", "runs"} <= set(
+      os.listdir(workdir))
+  with open(os.path.join(workdir, "tradeoff.json")) as f:
+    saved = json.load(f)
+  panel = saved["panels"]["logreg_mnist"]
+  assert {(p["defense"], p["strength"]) for p in panel["points"]} == {
+      ("none", 0.0), ("soteria", 50.0)}
+  for p in panel["points"]:
+    assert len(p["accuracy"]) == 1 and 0.0 <= p["accuracy"][0] <= 1.0
+    assert set(p["per_attack"]) == {"best", "gs", "gs_mask"}
+  # Real-update attacks at the first and final stage of the defended run.
+  assert set(panel["updates"]["soteria/50"]) == {"first", "final"}
+  assert os.path.exists(os.path.join(
+      workdir, "runs", "logreg_mnist", "seed0", "soteria_50",
+      "params_final.msgpack"))
+  assert [c["verdict"] for c in saved["claims"]]  # every claim decided
+  cells = os.path.join(workdir, "cells")
+  names = sorted(os.listdir(cells))
+  assert len(names) == len(tradeoff.plan(config)) == 6
+  # The utility is the mean of the last accuracy_window evaluations.
+  with open(os.path.join(cells, "logreg_mnist_seed0_train_none_0_.json")) as f:
+    cell = json.load(f)
+  assert cell["accuracy"] == pytest.approx(
+      np.mean(cell["accuracy_curve"][-config.accuracy_window:]))
+  # A rerun reuses every cell (no file rewritten) and gives the same claims.
+  before = {n: os.path.getmtime(os.path.join(cells, n)) for n in names}
+  again = tradeoff.run(config, workdir)
+  assert before == {n: os.path.getmtime(os.path.join(cells, n))
+                    for n in names}
+  assert again["claims"] == result["claims"]
+
+
+def _image(ssim_by_attack, diverged=()):
+  attacks = {a: {"ssim": s, "mse_clamped": 1 - s, "mse": 1 - s, "psnr": s,
+                 "diverged": a in diverged}
+             for a, s in ssim_by_attack.items()}
+  return {"attacks": attacks, "best": harness.best_of(attacks)}
+
+
+def test_best_of_ignores_diverged_attacks_and_counts_all_diverged():
+  images = [_image({"gs": 0.2, "dlg": 0.9}, diverged=("dlg",)),
+            _image({"gs": 0.7, "dlg": 0.4}),
+            _image({"gs": 0.9, "dlg": 0.9}, diverged=("gs", "dlg"))]
+  assert images[0]["best"]["ssim"] == 0.2  # the diverged 0.9 does not count
+  assert images[1]["best"]["ssim_attack"] == "gs"
+  point = tradeoff.summarize_point([{"accuracy": 0.5}], images,
+                                   ("gs", "dlg"), success_ssim=0.6)
+  best = point["per_attack"]["best"]
+  assert best["diverged"] == 1 and best["ssim"]["n"] == 2
+  assert best["ssim"]["mean"] == pytest.approx(0.45)
+  assert best["success_rate"] == pytest.approx(0.5)
+  assert point["per_attack"]["dlg"]["diverged"] == 2
+  assert point["per_attack"]["dlg"]["ssim"]["n"] == 1
+  # The samples the statistics use leave the all-diverged image out.
+  assert point["ssim"] == [0.2, 0.7]
+
+
+def _point(strength, acc, mse, ssim):
+  return {"strength": strength, "accuracy": [acc] * 3,
+          "mse_clamped": [mse] * 8, "mse": [mse] * 8, "ssim": [ssim] * 8,
+          "psnr": [10.0] * 8}
+
+
+def _panel_with(undefended_success):
+  config = tradeoff_cfg.get_config("tiny")
+  points = {("none", 0.0): _point(0, 0.9, 0.001, 0.95),
+            ("soteria", 50.0): _point(50, 0.9, 0.2, 0.1),
+            ("compression", 90.0): _point(90, 0.9, 0.001, 0.9),
+            ("compression", 99.0): _point(99, 0.6, 0.1, 0.15)}
+  panel = {"model": "m", "dataset": "d",
+           "undefended_success_rate": {"best": undefended_success},
+           **tradeoff.analyse_panel(points, config)}
+  return {c["claim"]: c for c in tradeoff.panel_claims("p", panel, config)}
+
+
+def test_claims_follow_the_rules():
+  claims = _panel_with(1.0)
+  ratio = claims["p (m/d): Soteria's MSE / compression's at equal accuracy"]
+  # Compression 90 (acc 0.9): Soteria 50 -> 200x; compression 99 (0.6) is
+  # outside the common range [0.9, 0.9].
+  assert ratio["value"] == pytest.approx(200.0)
+  assert ratio["verdict"] == "held"
+  first = claims["p (m/d): same, at compression's first point with SSIM "
+                 "<= 0.2"]
+  assert first["value"] == pytest.approx(2.0)  # 0.2 / 0.1 at strength 99
+  assert first["verdict"] == "did not hold"
+  drop = claims["p (m/d): Soteria's accuracy drop where reconstructions "
+                "become unrecognisable (best-of SSIM <= 0.2)"]
+  assert drop["value"] == pytest.approx(0.0) and drop["verdict"] == "held"
+  holds = claims["p (m/d): accuracy holds until MSE 0.8"]
+  assert holds["value"] == pytest.approx(0.2)
+  assert holds["verdict"] == "did not hold"
+
+
+def test_claims_are_inconclusive_when_attacks_fail_undefended():
+  for c in _panel_with(0.25).values():
+    assert c["verdict"] in ("inconclusive (attacks fail undefended)",
+                            "reported"), c
+
+
+def test_every_defense_at_a_strong_setting_degrades_the_best_attack():
+  """Undefended, iDLG and GS reconstruct the leakage CNN's one-image
+  gradient; each defense at a strong setting raises the best-of clamped
+  MSE (fixed seed)."""
+  model = models.get_model("leakage", (28, 28, 1), 10)
+  keys = harness.sweep_keys(0)
+  params = model.init(keys.init)
+  x, y = harness.synthetic_images("mnist", 1, seed=3)
+  budgets = {"dlg": {"outer_steps": 20}, "gs": {"iterations": 600}}
+  k_attack, k_defense = harness.image_keys(keys, 0)
+
+  def best(name, strength):
+    d = defenses.get_defense(name, strength, model=model)
+    _, shared, _ = harness.defend(model, params, d, x, y, k_defense)
+    return harness.attack_suite(model, params, shared, x, y, ("idlg", "gs"),
+                                k_attack, budgets=budgets)["best"]
+
+  undefended = best("none", 0.0)
+  assert undefended["ssim"] > 0.9
+  for name, strength in (("soteria", 95.0), ("compression", 99.0),
+                         ("dp_gaussian", 1.0), ("dp_laplace", 1.0)):
+    defended = best(name, strength)
+    assert defended["mse_clamped"] > 10 * undefended["mse_clamped"], name
+    assert defended["ssim"] < undefended["ssim"] - 0.3, name
