@@ -15,6 +15,7 @@ if ROOT not in sys.path:
 from experiments.configs import tradeoff as tradeoff_cfg  # noqa: E402
 from repdef_jax import defenses  # noqa: E402
 from repdef_jax import models  # noqa: E402
+from repdef_jax.paper import cost  # noqa: E402
 from repdef_jax.paper import harness  # noqa: E402
 from repdef_jax.paper import tradeoff  # noqa: E402
 
@@ -56,6 +57,36 @@ def test_tiny_end_to_end_and_resume(mock_env):
   assert before == {n: os.path.getmtime(os.path.join(cells, n))
                     for n in names}
   assert again["claims"] == result["claims"]
+
+  # Dry run of a bigger plan, priced by this run's cell timings: the same
+  # panel with twice the rounds costs twice as much to train; a model never
+  # timed is scaled by forward FLOPs.
+  bigger = tradeoff_cfg.get_config("tiny")
+  bigger.panels.logreg_mnist.train.rounds = 4
+  bigger.panels["mlp_mnist"] = tradeoff_cfg.get_config("tiny").panels[
+      "logreg_mnist"]
+  bigger.panels.mlp_mnist.model = "mlp"
+  cells = tradeoff.plan(bigger)
+  est = cost.estimate(bigger, cells, str(mock_env / "none"),
+                      reference=os.path.join(workdir, "tradeoff.json"))
+  assert est["cells"] == 12 and est["finished"] == 0 and not est["unknown"]
+  assert est["extrapolated"] == ["mlp/mnist from logreg/mnist"]
+  train_rate = cost.rates(saved["cell_costs"])[("logreg/mnist", "train",
+                                                 "plain")]
+  none_train = [c for c in cells if c["panel"] == "logreg_mnist" and
+                c["kind"] == "train" and c["defense"] == "none"][0]
+  assert cost.work(bigger, none_train) == 2 * cost.work(config, none_train)
+  assert est["seconds"] > train_rate * cost.work(bigger, none_train)
+  assert "planned cells: 12" in cost.render(est)
+
+
+def test_full_preset_dry_run_prints_the_plan(tmp_path, capsys):
+  config = tradeoff_cfg.get_config("full")
+  config.dry_run = True
+  out = tradeoff.run(config, str(tmp_path))
+  assert out["dry_run"] and out["cells"] == len(tradeoff.plan(config))
+  printed = capsys.readouterr().out
+  assert f"planned cells: {out['cells']}" in printed
 
 
 def _image(ssim_by_attack, diverged=()):

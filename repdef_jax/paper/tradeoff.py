@@ -36,6 +36,7 @@ from repdef_jax import models as models_lib
 from repdef_jax import partition as partition_lib
 from repdef_jax import storage
 from repdef_jax import training
+from repdef_jax.paper import cost
 from repdef_jax.paper import equal_accuracy
 from repdef_jax.paper import harness
 from repdef_jax.paper import report as report_lib
@@ -100,7 +101,8 @@ def plan(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   return cells
 
 
-def _cell_name(cell: dict[str, Any]) -> str:
+def cell_name(cell: dict[str, Any]) -> str:
+  """The file-system name of a planned cell."""
   return harness.cell_name(cell["panel"], f"seed{cell['seed']}", cell["kind"],
                            cell["defense"], cell["strength"],
                            cell.get("stage", ""))
@@ -281,7 +283,7 @@ def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
     else:
       fn = functools.partial(update_cell, config, panel, d, s, cell["stage"],
                              run_dir)
-    yield cell, store.get_or_run(_cell_name(cell), fn, progress)
+    yield cell, store.get_or_run(cell_name(cell), fn, progress)
 
 
 # --------------------------------------------------------------------------
@@ -547,6 +549,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "panels": panels,
       "seconds": time.perf_counter() - start,
       "cell_seconds": sum(r.get("cell_seconds", 0.0) for _, r in cells),
+      # Work and seconds of every cell: the rates of dry-run estimates.
+      "cell_costs": cost.cell_costs(config, cells),
   }
   storage.write_json(os.path.join(workdir, RESULT_FILE), harness.jsonable(
       result))
@@ -557,7 +561,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 def dry_run(config: ml_collections.ConfigDict, workdir: str
             ) -> dict[str, Any]:
   """The plan and its estimated cost, without running anything."""
-  from repdef_jax.paper import cost  # pylint: disable=g-import-not-at-top
   cells = plan(config)
   estimate = cost.estimate(config, cells, workdir)
   print(cost.render(estimate))
