@@ -23,69 +23,16 @@ per point; ~2 h on a 2-core CPU), ``full`` (paper scale, GPU/TPU), ``tiny``
 import ml_collections
 
 from repdef_jax.paper import settings
+from repdef_jax.paper import tradeoff
 
-DLG_SUITE = ("dlg", "idlg", "gs", "dlg_mask", "gs_mask", "dlg_drop",
-             "gs_drop")
-GS_SUITE = ("gs", "idlg", "gs_mask", "gs_drop")
-
-
-def _panel(dataset, model, attacks, model_init="default", model_kwargs=None,
-           **train):
-  return ml_collections.ConfigDict(dict(
-      dataset=dataset, model=model, model_init=model_init,
-      model_kwargs=ml_collections.ConfigDict(model_kwargs or {}),
-      attacks=tuple(attacks), train=ml_collections.ConfigDict(train)))
+DLG_SUITE, GS_SUITE, _panel = (tradeoff.DLG_SUITE, tradeoff.GS_SUITE,
+                               tradeoff.panel)
 
 
 def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
   """'quick', 'medium', 'full' or 'tiny'."""
-  c = ml_collections.ConfigDict()
-  c.dry_run = False
-  # Earlier tradeoff.json whose cell timings give the dry run's rates.
-  c.cost_reference = "docs/results/tradeoff/tradeoff.json"
-  c.data_dir = ""
-  c.seeds = (0, 1, 2)
-  # The paper's models (labelled): DLG's LeNet, GS's ConvNet (narrower in
-  # medium), and the defense-favourable leakage CNN.
-  c.panels = ml_collections.ConfigDict({
-      "lenet_mnist": _panel("mnist", "lenet", DLG_SUITE, client_lr=0.1),
-      "lenet_cifar10": _panel("cifar10", "lenet", DLG_SUITE, client_lr=0.1),
-      "convnet_cifar10": _panel("cifar10", "convnet64", GS_SUITE,
-                                client_lr=0.05),
-      "convnet_mnist": _panel("mnist", "convnet64", GS_SUITE, client_lr=0.05),
-      "leakage_mnist": _panel("mnist", "leakage", DLG_SUITE, client_lr=0.05),
-  })
-  c.defenses = ml_collections.ConfigDict({
-      "soteria": (10., 20., 30., 40., 50., 60., 70., 80., 90., 95., 99.),
-      "compression": (10., 20., 30., 40., 50., 60., 70., 80., 90., 95., 99.),
-      "dp_gaussian": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
-      "dp_laplace": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
-  })
-  c.num_images = 8
-  # Attack config overrides per family (see repdef_jax.attacks DLGConfig /
-  # GSConfig); the paper's budgets in full.
-  c.attack_budgets = ml_collections.ConfigDict({
-      "dlg": {"outer_steps": 300, "inner_steps": 20},
-      "gs": {"iterations": 24000, "restarts": 2},
-  })
-  c.give_labels = True
-  c.train = settings.federated_setting("paper", log_every=5,
-                                       max_test_examples=2000)
-  c.accuracy_window = 5  # evaluations (every log_every rounds)
-  c.update_attack = ml_collections.ConfigDict(dict(
-      cells=ml_collections.ConfigDict({"none": (0.0,),
-                                       "soteria": (40.0, 80.0),
-                                       "compression": (90.0,),
-                                       "dp_gaussian": (1e-2,)}),
-      stages=("first", "mid", "final"), batch=4, local_steps=5,
-      attacks=("gs", "gs_mask", "gs_drop", "dlg")))
-  c.thresholds = (0.1, 0.2, 0.3)  # sensitivity of the verdicts
-  c.threshold = 0.2  # SSIM at or below which a reconstruction is unrecognisable
-  c.success_ssim = 0.6
-  if preset == "full":
-    c.panels.convnet_cifar10.train.rounds = 1000
-    c.panels.lenet_cifar10.train.rounds = 1000
-  elif preset == "medium":
+  c = tradeoff.default_config()
+  if preset == "medium":
     c.panels = ml_collections.ConfigDict({
         "lenet_mnist": _panel("mnist", "lenet", DLG_SUITE, client_lr=0.1,
                               rounds=30),
@@ -135,7 +82,7 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
     c.update_attack.batch = 2
     c.update_attack.local_steps = 2
     c.update_attack.attacks = ("gs",)
-  elif preset != "medium":
+  elif preset != "full":
     raise ValueError(f"unknown preset {preset!r}; use 'quick', 'medium', "
                      "'full' or 'tiny'.")
   return c

@@ -40,6 +40,7 @@ from repdef_jax.paper import cost
 from repdef_jax.paper import equal_accuracy
 from repdef_jax.paper import harness
 from repdef_jax.paper import report as report_lib
+from repdef_jax.paper import settings
 from repdef_jax.paper import stats
 
 BASELINES = ("compression", "dp_gaussian", "dp_laplace")
@@ -50,7 +51,70 @@ PRIVACY_METRICS = ("mse_clamped", "mse", "ssim", "psnr")
 
 
 # --------------------------------------------------------------------------
-# The plan: which cells a config asks for.
+# Configs and the plan: which cells a config asks for.
+
+DLG_SUITE = ("dlg", "idlg", "gs", "dlg_mask", "gs_mask", "dlg_drop",
+             "gs_drop")
+GS_SUITE = ("gs", "idlg", "gs_mask", "gs_drop")
+
+
+def panel(dataset: str, model: str, attacks: Sequence[str],
+          model_init: str = "default", model_kwargs: dict | None = None,
+          **train: Any) -> ml_collections.ConfigDict:
+  """A panel: model x dataset, its attack suite and training overrides."""
+  return ml_collections.ConfigDict(dict(
+      dataset=dataset, model=model, model_init=model_init,
+      model_kwargs=ml_collections.ConfigDict(model_kwargs or {}),
+      attacks=tuple(attacks), train=ml_collections.ConfigDict(train)))
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The paper-scale trade-off (the ``full`` preset); presets edit it."""
+  c = ml_collections.ConfigDict()
+  c.dry_run = False
+  # Earlier tradeoff.json whose cell timings give the dry run's rates.
+  c.cost_reference = "docs/results/tradeoff/tradeoff.json"
+  c.data_dir = ""
+  c.seeds = (0, 1, 2)
+  # The paper's models (labelled): DLG's LeNet, GS's ConvNet (narrower in
+  # medium), and the defense-favourable leakage CNN.
+  c.panels = ml_collections.ConfigDict({
+      "lenet_mnist": panel("mnist", "lenet", DLG_SUITE, client_lr=0.1),
+      "lenet_cifar10": panel("cifar10", "lenet", DLG_SUITE, client_lr=0.1,
+                             rounds=1000),
+      "convnet_cifar10": panel("cifar10", "convnet64", GS_SUITE,
+                               client_lr=0.05, rounds=1000),
+      "convnet_mnist": panel("mnist", "convnet64", GS_SUITE, client_lr=0.05),
+      "leakage_mnist": panel("mnist", "leakage", DLG_SUITE, client_lr=0.05),
+  })
+  c.defenses = ml_collections.ConfigDict({
+      "soteria": (10., 20., 30., 40., 50., 60., 70., 80., 90., 95., 99.),
+      "compression": (10., 20., 30., 40., 50., 60., 70., 80., 90., 95., 99.),
+      "dp_gaussian": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
+      "dp_laplace": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
+  })
+  c.num_images = 8
+  # Attack config overrides per family (see repdef_jax.attacks DLGConfig /
+  # GSConfig); the paper's budgets in full.
+  c.attack_budgets = ml_collections.ConfigDict({
+      "dlg": {"outer_steps": 300, "inner_steps": 20},
+      "gs": {"iterations": 24000, "restarts": 2},
+  })
+  c.give_labels = True
+  c.train = settings.federated_setting("paper", log_every=5,
+                                       max_test_examples=2000)
+  c.accuracy_window = 5  # evaluations (every log_every rounds)
+  c.update_attack = ml_collections.ConfigDict(dict(
+      cells=ml_collections.ConfigDict({"none": (0.0,),
+                                       "soteria": (40.0, 80.0),
+                                       "compression": (90.0,),
+                                       "dp_gaussian": (1e-2,)}),
+      stages=("first", "mid", "final"), batch=4, local_steps=5,
+      attacks=("gs", "gs_mask", "gs_drop", "dlg")))
+  c.thresholds = (0.1, 0.2, 0.3)  # sensitivity of the verdicts
+  c.threshold = 0.2  # SSIM at or below which an image is unrecognisable
+  c.success_ssim = 0.6
+  return c
 
 
 def strengths(config: ml_collections.ConfigDict) -> list[tuple[str, float]]:
