@@ -1,0 +1,1 @@
+"""Soteria-defended FedAvg with an auditing server, as a Flower app."""

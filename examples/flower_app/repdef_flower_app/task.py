@@ -1,0 +1,91 @@
+"""What the client and server apps share: model, data, settings.
+
+Data come from repdef_jax.data.load (TFDS_DATA_DIR, or repdef-data prepare
+mnist); node i trains on client i of the paper's non-IID split
+(repdef_jax.partition.noniid: 2 classes x 100 samples per client) over
+num-partitions clients, the same split in every process (seeded).
+"""
+
+import functools
+
+import jax
+
+from repdef_jax import data
+from repdef_jax import defenses
+from repdef_jax import fedavg
+from repdef_jax import models
+from repdef_jax import partition
+
+
+def model(run_config):
+  info = data.get_info(run_config["dataset"])
+  return _model(run_config["model"], info.image_shape, info.num_classes)
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name, shape, num_classes):
+  return models.get_model(name, shape, num_classes)
+
+
+def defense(run_config):
+  """The configured defense (None for 'none')."""
+  if run_config["defense"] == "none":
+    return None
+  return defenses.get_defense(run_config["defense"],
+                              float(run_config["defense-strength"]),
+                              model=model(run_config))
+
+
+def fedavg_config(run_config, with_defense=True):
+  """Local training of a client (its defense unless the mod applies it)."""
+  at = run_config["defense-at"]
+  return fedavg.FedAvgConfig(
+      local_steps=int(run_config["local-steps"]),
+      batch_size=int(run_config["batch-size"]),
+      client_lr=float(run_config["lr"]),
+      defense=defense(run_config) if with_defense and at != "mod" else None,
+      defense_at="update" if at == "mod" else at)
+
+
+def _load(dataset, split, sample, max_examples=None):
+  if sample:  # The images embedded in repdef_jax (tests; no download).
+    with data.allow_sample():
+      return data.load(dataset, split, max_examples=max_examples)
+  return data.load(dataset, split, max_examples=max_examples)
+
+
+@functools.lru_cache(maxsize=None)
+def _clients(dataset, num_partitions, classes, samples, seed, sample):
+  images, labels = _load(dataset, "train", sample)
+  info = data.get_info(dataset)
+  idx = partition.noniid(labels, num_clients=num_partitions,
+                         classes_per_client=classes, samples_per_class=samples,
+                         seed=seed, num_classes=info.num_classes)
+  return partition.pack(data.to_float(images), labels, idx)
+
+
+def client_data(run_config, partition_id, num_partitions):
+  """``(x, y, mask)`` of one client: its row of the packed split."""
+  c = _clients(run_config["dataset"], int(num_partitions),
+               int(run_config["classes-per-client"]),
+               int(run_config["samples-per-class"]), int(run_config["seed"]),
+               bool(run_config["sample-data"]))
+  i = int(partition_id)
+  return c.x[i], c.y[i], c.mask[i]
+
+
+def test_data(run_config):
+  return _test_data(run_config["dataset"],
+                    int(run_config["max-test-examples"]),
+                    bool(run_config["sample-data"]))
+
+
+@functools.lru_cache(maxsize=None)
+def _test_data(dataset, max_examples, sample):
+  x, y = _load(dataset, "test", sample, max_examples or None)
+  return fedavg.make_eval_data(data.to_float(x), y, min(500, len(y)))
+
+
+def initial_params(run_config):
+  keys = fedavg.key_streams(int(run_config["seed"]))
+  return jax.jit(model(run_config).init)(keys.init)

@@ -1,0 +1,289 @@
+"""Flower integration: equivalence with make_round, the defense mod, auditing.
+
+Skipped (with the reason) when Flower is not installed:
+``pip install -e '.[flower]'``. The in-process runs use
+:class:`repdef_jax.integrations.flower.InProcessGrid` (Flower's strategy,
+ServerApp, ClientApp, mods and message serialization, without Ray); the
+slow test runs the example app on Flower's deployment engine.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from repdef_jax import defenses
+from repdef_jax import fedavg
+from repdef_jax import models
+
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+@pytest.fixture(name="fl")
+def _flower():
+  return pytest.importorskip(
+      "repdef_jax.integrations.flower",
+      reason="Flower is not installed (pip install -e '.[flower]')")
+
+
+def _clients(n, m, seed=0, shape=(28, 28, 1)):
+  rng = np.random.default_rng(seed)
+  x = rng.random((n, m, *shape), dtype=np.float32)
+  y = rng.integers(0, 10, (n, m)).astype(np.int32)
+  return x, y, np.ones((n, m), np.float32)
+
+
+def _loader(fl, x, y, mask):
+  def load(context):
+    i = fl.client_id(context)
+    return x[i], y[i], mask[i]
+  return load
+
+
+def _server(fl, strategy, initial, num_rounds, out):
+  from flwr.serverapp import ServerApp  # pylint: disable=g-import-not-at-top
+  app = ServerApp()
+
+  @app.main()
+  def main(grid, context):
+    del context
+    out["result"] = strategy.start(grid=grid, initial_arrays=initial,
+                                   num_rounds=num_rounds)
+
+  return app
+
+
+def _max_diff(a, b):
+  return max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(
+      jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def test_import_repdef_jax_does_not_import_flower():
+  code = ("import sys, repdef_jax, repdef_jax.integrations; "
+          "assert 'flwr' not in sys.modules")
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=_ROOT,
+                 env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def test_flower_rounds_match_make_round(fl):
+  """4 Flower clients x 3 rounds (Soteria at every local step) = make_round."""
+  from flwr.serverapp.strategy import FedAvg  # pylint: disable=g-import-not-at-top
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  x, y, mask = _clients(4, 6)
+  config = fedavg.FedAvgConfig(
+      clients_per_round=4, local_steps=2, batch_size=3, client_lr=0.1,
+      weighting="uniform",
+      defense=defenses.get_defense("soteria", 60.0, model=model))
+  keys = fedavg.key_streams(0)
+  state = fedavg.init(model, config, keys.init)
+  round_fn = fedavg.make_round(model, config)
+  data = fedavg.ClientArrays(jnp.asarray(x), jnp.asarray(y), jnp.asarray(mask))
+  ref = state
+  for _ in range(3):
+    ref, metrics = round_fn(ref, data, keys, client_ids=np.arange(4))
+
+  out = {}
+  strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=4,
+                    min_available_nodes=4)
+  fl.run_in_process(
+      _server(fl, strategy, fl.to_arrays(state.params), 3, out),
+      fl.make_client_app(model, config, _loader(fl, x, y, mask), seed=0), 4)
+  result = out["result"]
+  params = fl.from_arrays(result.arrays, state.params)
+  diff = _max_diff(params, ref.params)
+  assert diff <= 1e-6, diff
+  assert _max_diff(params, state.params) > 1e-3  # It trained.
+  last = result.train_metrics_clientapp[3]
+  assert abs(last["train_loss"] - float(metrics["train_loss"])) <= 1e-5
+  assert abs(last["defense/effective_pruned_fraction"] - float(
+      metrics["defense/effective_pruned_fraction"])) <= 1e-6
+  assert fl.array_keys(state.params) == ["head/bias", "head/kernel"]
+
+
+def _train_message(fl, params, **config):
+  from flwr.app import ConfigRecord, Message, MessageType, RecordDict  # pylint: disable=g-import-not-at-top
+  return Message(RecordDict({
+      "arrays": fl.to_arrays(params),
+      "config": ConfigRecord({"server-round": 1, **config})}),
+                 dst_node_id=2, message_type=MessageType.TRAIN)
+
+
+def test_defense_mod_equals_update_defense_and_composes_with_clipping(fl):
+  from flwr.clientapp.mod import fixedclipping_mod  # pylint: disable=g-import-not-at-top
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  x, y, mask = _clients(1, 5, seed=1)
+  load = _loader(fl, x, y, mask)
+  soteria = defenses.get_defense("soteria", 70.0, model=model)
+  plain = fedavg.FedAvgConfig(local_steps=2, batch_size=5, client_lr=0.1)
+  params = model.init(jax.random.key(3))
+
+  def reply(app, **config):
+    grid = fl.InProcessGrid(app, 1)
+    [r] = grid.send_and_receive([_train_message(fl, params, **config)])
+    assert not r.has_error(), r.error
+    rec = r.content
+    return (fl.from_arrays(rec["arrays"], params),
+            dict(next(iter(rec.metric_records.values()))))
+
+  # Inside the client (defense_at='update') == the mod around a plain client.
+  inside, m_in = reply(fl.make_client_app(
+      model, fedavg.FedAvgConfig(local_steps=2, batch_size=5, client_lr=0.1,
+                                 defense=soteria, defense_at="update"), load))
+  mod = fl.defense_mod(soteria, model=model, load_data=load)
+  around, m_mod = reply(fl.make_client_app(model, plain, load, mods=[mod]))
+  assert _max_diff(inside, around) <= 1e-6
+  assert m_mod["defense/pruned_fraction"] == pytest.approx(
+      m_in["defense/pruned_fraction"])
+  assert m_mod["defense/pruned_fraction"] > 0.5
+  update = np.asarray(around["head"]["kernel"] - params["head"]["kernel"])
+  pruned = np.all(update == 0, axis=1)
+  assert pruned.mean() >= 0.7  # Whole pixel rows of the head are zero.
+
+  # Flower's client-side clipping mod outside it: clipped, still pruned.
+  clip = 1e-3
+  clipped, _ = reply(fl.make_client_app(
+      model, plain, load, mods=[fixedclipping_mod, mod]), clipping_norm=clip)
+  delta = jax.tree_util.tree_map(jnp.subtract, clipped, params)
+  norm = float(jnp.sqrt(sum(jnp.sum(d ** 2) for d in
+                            jax.tree_util.tree_leaves(delta))))
+  full = jax.tree_util.tree_map(jnp.subtract, around, params)
+  full_norm = float(jnp.sqrt(sum(jnp.sum(d ** 2) for d in
+                                 jax.tree_util.tree_leaves(full))))
+  assert full_norm > clip and norm == pytest.approx(clip, rel=1e-4)
+  assert np.all(np.asarray(delta["head"]["kernel"])[pruned] == 0)
+  np.testing.assert_allclose(
+      np.asarray(delta["head"]["kernel"]),
+      np.asarray(full["head"]["kernel"]) * clip / full_norm, atol=1e-8)
+
+
+def test_auditing_strategy_breaks_undefended_update_not_soteria(fl, tmp_path):
+  """GS (300 iterations) on the one-image update of a logistic regression:
+  the undefended image comes back (PSNR > 40 dB in [0, 1]; measured 52);
+  Soteria's 80 % makes it fail (measured 4.5 dB)."""
+  from flwr.serverapp.strategy import FedAvg  # pylint: disable=g-import-not-at-top
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  rng = np.random.default_rng(0)
+  x = np.repeat(np.repeat(rng.random((1, 1, 7, 7, 1), dtype=np.float32), 4,
+                          axis=2), 4, axis=3)  # A smooth 28x28 image.
+  y = np.array([[3]], np.int32)
+  mask = np.ones((1, 1), np.float32)
+  params = model.init(jax.random.key(0))
+  results = {}
+  for name in ("none", "soteria"):
+    config = fedavg.FedAvgConfig(
+        local_steps=1, batch_size=1, client_lr=0.1,
+        defense=(None if name == "none" else
+                 defenses.get_defense("soteria", 80.0, model=model)))
+    strategy = fl.AuditingFedAvg(
+        model, "gs", client_lr=0.1,
+        attack_overrides={"iterations": 300, "restarts": 1},
+        reference_data=lambda pid: (x[pid], y[pid]),
+        workdir=str(tmp_path / name), fraction_evaluate=0.0,
+        min_train_nodes=1, min_available_nodes=1)
+    out = {}
+    fl.run_in_process(
+        _server(fl, strategy, fl.to_arrays(params), 1, out),
+        fl.make_client_app(model, config, _loader(fl, x, y, mask)), 1)
+    [record] = strategy.audit_log
+    assert record["pixel_space"] == "[0,1]" and record["client"] == 0
+    assert out["result"].train_metrics_clientapp[1]["audit/psnr"] == (
+        pytest.approx(record["psnr"]))
+    assert os.path.exists(tmp_path / name / "round_001_client_0.png")
+    assert len(open(tmp_path / name / "audit.jsonl").readlines()) == 1
+    results[name] = record
+  assert results["none"]["psnr"] > 40, results
+  assert results["none"]["mse"] < 1e-4, results
+  assert results["soteria"]["mse"] > 0.05, results
+  assert results["soteria"]["psnr"] < 15, results
+  assert isinstance(FedAvg, type) and issubclass(fl.AuditingFedAvg, FedAvg)
+
+
+def test_bad_flower_inputs_fail_clearly(fl):
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  with pytest.raises(ValueError, match="Unknown attack 'nope'; valid attacks:"):
+    fl.AuditingFedAvg(model, "nope", client_lr=0.1)
+  with pytest.raises(ValueError, match="client_lr must be > 0"):
+    fl.AuditingFedAvg(model, "dlg", client_lr=0.0)
+  params = {"head": {"bias": np.zeros(10), "kernel": np.zeros((784, 10))}}
+  with pytest.raises(ValueError, match="do not match the model's parameters"):
+    fl.from_arrays(fl.to_arrays({"head": {"kernel": np.zeros((784, 10))}}),
+                   params)
+  with pytest.raises(ValueError, match=r"'head/kernel' has shape \(64, 10\)"):
+    fl.from_arrays(fl.to_arrays({"head": {"bias": np.zeros(10),
+                                          "kernel": np.zeros((64, 10))}}),
+                   params)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_example_app_on_flower_deployment_engine(fl, tmp_path):
+  """SuperLink + 2 SuperNodes on localhost; `flwr run` the example app."""
+  del fl
+  bindir = os.path.dirname(sys.executable)
+  app = tmp_path / "flower_app"
+  shutil.copytree(os.path.join(_ROOT, "examples", "flower_app"), app)
+  home = tmp_path / "flwr_home"
+  home.mkdir()
+  link_port = _free_port()
+  env = {**os.environ, "FLWR_HOME": str(home), "JAX_PLATFORMS": "cpu",
+         "REPDEF_JAX_OFFLINE": "1", "TFDS_DATA_DIR": str(tmp_path / "none"),
+         "REPDEF_JAX_CACHE": str(tmp_path / "cache"),
+         "PYTHONPATH": os.pathsep.join(
+             [_ROOT, os.environ.get("PYTHONPATH", "")])}
+  (home / "config.toml").write_text(
+      '[superlink]\ndefault = "local-deployment"\n\n'
+      '[superlink.local-deployment]\n'
+      f'address = "127.0.0.1:{link_port}"\ninsecure = true\n')
+  procs = []
+  logs = []
+
+  def start(name, *args):
+    log = open(tmp_path / f"{name}.log", "w")
+    logs.append((name, tmp_path / f"{name}.log"))
+    procs.append(subprocess.Popen([os.path.join(bindir, args[0]), *args[1:]],
+                                  env=env, stdout=log, stderr=log,
+                                  cwd=tmp_path))
+
+  try:
+    start("superlink", "flower-superlink", "--insecure",
+          "--disable-runtime-dependency-installation", "--port",
+          str(link_port))
+    time.sleep(5)
+    for i in range(2):
+      start(f"supernode{i}", "flower-supernode", "--insecure",
+            "--superlink", f"127.0.0.1:{link_port}", "--port",
+            str(_free_port()), "--node-config",
+            f"partition-id={i} num-partitions=2")
+    run = subprocess.run(
+        [os.path.join(bindir, "flwr"), "run", str(app), "local-deployment",
+         "--stream", "--run-config",
+         "num-server-rounds=2 sample-data=true samples-per-class=10 "
+         "max-test-examples=100 attack='repinfer' attack-iterations=20 "
+         f"audit-dir='{tmp_path / 'audit'}'"],
+        env=env, capture_output=True, text=True, timeout=900, check=False)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    assert "repdef_flower_app: final test accuracy" in out, out[-4000:]
+    assert (tmp_path / "audit" / "audit.jsonl").exists()
+  finally:
+    for p in procs:
+      p.terminate()
+    for p in procs:
+      try:
+        p.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        p.kill()
+    for name, path in logs:
+      print(f"---- {name}\n{open(path).read()[-3000:]}")
