@@ -16,6 +16,7 @@ INSTALL_REQUIRES = [
     "ml-collections>=0.1.1",
     "numpy>=1.26",
     "optax>=0.2.4",
+    "orbax-checkpoint>=0.11",
     "pillow>=10.0",
     "scipy>=1.11",
     "tensorflow-datasets>=4.9.6",
@@ -32,6 +33,8 @@ EXTRAS_REQUIRE = {
     ],
     # Optional PyTorch peers for the benchmarks (CPU wheel on these machines).
     "torch": ["torch>=2.3"],
+    # repdef_jax.integrations.flower and examples/flower_app (Message API).
+    "flower": ["flwr>=1.42"],
 }
 
 setuptools.setup(
