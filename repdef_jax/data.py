@@ -1,10 +1,23 @@
-"""Image-classification datasets read from prepared TFDS copies.
+"""Image-classification datasets: prepared TFDS copies, downloads, a sample.
 
-Records are read with :func:`tensorflow_datasets.data_source`, which needs
-neither TensorFlow nor network access; nothing is ever downloaded. Decoding is
-slow (about 15 s for the 60,000 MNIST training images), so :func:`load`
-decodes a split once and keeps the result twice: in an in-process dictionary
-and in an ``.npz`` file on disk.
+:func:`load` looks for a split in this order and says which one it used
+(:func:`load_with_source`):
+
+1. a prepared TFDS copy (``data_dir``, ``$TFDS_DATA_DIR`` or tfds's default
+   folder), read with :func:`tensorflow_datasets.data_source` (no
+   TensorFlow);
+2. a copy downloaded earlier into the cache folder;
+3. a download of the original archives (:mod:`repdef_jax.download`, checked
+   against their published SHA-256), unless ``$REPDEF_JAX_OFFLINE`` is set;
+4. with ``sample=True`` (or inside :func:`allow_sample`) only: the
+   embedded sample shipped in the package
+   (256 real test images of MNIST and CIFAR-10, 256 MNIST training images;
+   ``repdef_jax/sample_data/README.md`` holds their sources and licences).
+
+Otherwise it raises :class:`DataNotFoundError` with one line saying what was
+searched and how to fix it. Decoded splits are cached in process and as
+``.npz`` files (written atomically; an unreadable one is rebuilt). Layout,
+environment variables and the ``repdef-data`` command: ``docs/data.md``.
 
 Example:
   >>> images, labels = load("mnist", "train", data_dir="/data/tfds")
@@ -13,14 +26,17 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import importlib.resources
 from io import BytesIO
 import logging
 import os
 import re
+import sys
+from typing import Any, Iterator, NamedTuple
 import zipfile
-from typing import Any
 
 import numpy as np
 
@@ -31,6 +47,9 @@ logger = logging.getLogger(__name__)
 _DATA_DIR_ENV = "TFDS_DATA_DIR"
 _CACHE_DIR_ENV = "REPDEF_JAX_CACHE"
 _DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "repdef_jax")
+_TFDS_DEFAULT_DIR = os.path.join("~", "tensorflow_datasets")
+OFFLINE_ENV = "REPDEF_JAX_OFFLINE"  # Set (not "0"): never download.
+QUIET_ENV = "REPDEF_JAX_QUIET"  # Set (not "0"): no progress lines.
 
 PathLike = str | os.PathLike[str]
 
@@ -75,11 +94,41 @@ DATASETS: dict[str, DatasetInfo] = {
 
 
 class DataNotFoundError(FileNotFoundError):
-  """A dataset split is not available in the TFDS data directory."""
+  """No source holds the split; the message says what was searched."""
 
 
-# (name, split, resolved data_dir, max_examples) -> (images, labels).
-_MEMORY_CACHE: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+class Source(NamedTuple):
+  """Where :func:`load_with_source` found a split.
+
+  Attributes:
+    kind: 'tfds' (a prepared TFDS copy), 'download' (the original archives,
+      downloaded now or earlier) or 'sample' (the embedded sample).
+    detail: one line: the folder, or for the sample why it was used.
+  """
+
+  kind: str
+  detail: str
+
+  def __str__(self) -> str:
+    return f"{self.kind}: {self.detail}"
+
+
+# The embedded sample: dataset -> splits it holds (SAMPLE_SIZE images each).
+SAMPLE_SPLITS = {"mnist": ("train", "test"), "cifar10": ("test",)}
+SAMPLE_SIZE = 256
+_SAMPLE_PACKAGE_DIR = "sample_data"
+
+# (name, split, data_dir, cache_dir, max_examples) -> (images, labels, Source)
+# for TFDS and downloaded copies (the sample is cheap to reread).
+_MEMORY_CACHE: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray,
+                                           Source]] = {}
+# (name, base URL) -> why a download failed, so that one process tries once.
+_FAILED_DOWNLOADS: dict[tuple[str, str], str] = {}
+
+# The default of load(sample=None); allow_sample() pushes True.
+_SAMPLE_ALLOWED = [False]
+
+Arrays = tuple[np.ndarray, np.ndarray]
 
 
 def get_info(name: str) -> DatasetInfo:
@@ -102,8 +151,10 @@ def get_info(name: str) -> DatasetInfo:
 
 
 def clear_cache() -> None:
-  """Empties the in-process cache of :func:`load` (the disk cache is kept)."""
+  """Forgets in-process state: decoded splits and failed downloads (the disk
+  cache is kept)."""
   _MEMORY_CACHE.clear()
+  _FAILED_DOWNLOADS.clear()
 
 
 def load(
@@ -113,38 +164,56 @@ def load(
     *,
     cache_dir: PathLike | None = None,
     max_examples: int | None = None,
+    download: bool | None = None,
+    sample: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Loads a dataset split as numpy arrays, decoding it at most once.
-
-  The split is read from a prepared TFDS copy; nothing is downloaded. Decoded
-  arrays are cached in process and in an ``.npz`` file under ``cache_dir``,
-  written atomically (temporary file, then ``os.replace``) and skipped with a
-  warning when the directory is not writable. The disk cache is keyed by
-  dataset name, split, dataset version, ``max_examples`` and data directory.
+  """Loads a dataset split as numpy arrays (see the module docstring).
 
   Args:
     name: dataset name, one of the keys of :data:`DATASETS`.
     split: split name such as ``"train"`` or ``"test"``; TFDS slicing syntax
-      (``"train[:1000]"``, ``"train+test"``) is accepted.
+      (``"train[:1000]"``, ``"train[:10%]"``, ``"train+test"``) is accepted.
     data_dir: folder holding prepared TFDS datasets (for example with
       ``<data_dir>/mnist/3.0.1/``). Defaults to the ``TFDS_DATA_DIR``
       environment variable, then to the TFDS default folder.
-    cache_dir: folder for the ``.npz`` cache. Defaults to the
+    cache_dir: folder for the ``.npz`` caches and downloads. Defaults to the
       ``REPDEF_JAX_CACHE`` environment variable, then to
       ``~/.cache/repdef_jax``.
     max_examples: if given, only the first ``max_examples`` records are
       decoded (for quick runs and tests).
+    download: fetch the original archives when no copy is found. None: yes,
+      unless the ``REPDEF_JAX_OFFLINE`` environment variable is set.
+    sample: fall back to the embedded sample (the first
+      :data:`SAMPLE_SIZE` images of the splits in :data:`SAMPLE_SPLITS`).
+      None: only inside :func:`allow_sample`.
 
   Returns:
     ``(images, labels)``: ``uint8`` images ``[N, H, W, C]`` and ``int32``
-    labels ``[N]``. The arrays are shared with the in-process cache and hence
-    read-only; copy them before modifying them in place.
+    labels ``[N]``. The arrays may be shared with the in-process cache and
+    are read-only; copy them before modifying them in place.
 
   Raises:
     ValueError: if ``name``, ``split`` or ``max_examples`` is invalid.
-    DataNotFoundError: if the split is not available under ``data_dir``
-      (a ``FileNotFoundError``).
+    DataNotFoundError: if no source holds the split (a
+      ``FileNotFoundError`` whose one-line message lists what was searched).
   """
+  images, labels, _ = load_with_source(
+      name, split, data_dir, cache_dir=cache_dir, max_examples=max_examples,
+      download=download, sample=sample)
+  return images, labels
+
+
+def load_with_source(
+    name: str,
+    split: str,
+    data_dir: PathLike | None = None,
+    *,
+    cache_dir: PathLike | None = None,
+    max_examples: int | None = None,
+    download: bool | None = None,
+    sample: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray, Source]:
+  """:func:`load`, also returning the :class:`Source` the split came from."""
   info = get_info(name)
   _check_split(info, split)
   if max_examples is not None and (isinstance(max_examples, bool) or
@@ -156,24 +225,120 @@ def load(
     data_dir = os.environ.get(_DATA_DIR_ENV) or None
   if data_dir is not None:
     data_dir = os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
+  cache_dir = _cache_root(cache_dir)
 
-  memory_key = (name, split, data_dir, max_examples)
+  memory_key = (name, split, data_dir, cache_dir, max_examples)
   if memory_key in _MEMORY_CACHE:
     return _MEMORY_CACHE[memory_key]
+  notes: list[str] = []
+  found = _from_tfds(info, split, data_dir, cache_dir, max_examples, notes)
+  if found is None:
+    found = _from_download(info, split, cache_dir, max_examples, download,
+                           notes)
+  if sample is None:
+    sample = _SAMPLE_ALLOWED[-1]
+  if found is None and sample and _sample_holds(name, split):
+    images, labels = _select(split, {s: load_sample(name, s)
+                                     for s in SAMPLE_SPLITS[name]})
+    images, labels = images[:max_examples], labels[:max_examples]
+    return images, labels, Source(
+        "sample", f"the embedded sample, {len(images)} real {name} {split} "
+        f"images ({'; '.join(notes)})")
+  if found is None:
+    raise DataNotFoundError(_missing_message(name, split, notes))
+  for array in found[:2]:
+    array.flags.writeable = False
+  _MEMORY_CACHE[memory_key] = found
+  return found
 
-  source = _open_source(name, split, data_dir)
-  version = str(source.dataset_info.version)
-  cache_path = _cache_path(cache_dir, name, split, version, data_dir,
-                           max_examples)
-  arrays = _read_cache(cache_path)
-  if arrays is None:
-    arrays = _decode(source, info, max_examples)
-    _write_cache(cache_path, *arrays)
+
+@contextlib.contextmanager
+def allow_sample() -> Iterator[None]:
+  """Within the block, :func:`load` falls back to the embedded sample.
+
+  For code that loads data deep inside (a federated run in a notebook):
+  ``with data.allow_sample(): tradeoff.run(config, workdir)``.
+  """
+  _SAMPLE_ALLOWED.append(True)
+  try:
+    yield
+  finally:
+    _SAMPLE_ALLOWED.pop()
+
+
+def load_sample(name: str, split: str = "test") -> Arrays:
+  """The embedded sample: the first :data:`SAMPLE_SIZE` images of a split.
+
+  They are the first records of the prepared TFDS copies the project was
+  developed with (tfds order); sources and licences in
+  ``repdef_jax/sample_data/README.md``.
+
+  Args:
+    name: a key of :data:`SAMPLE_SPLITS`.
+    split: a split it holds.
+
+  Returns:
+    ``(uint8 images [SAMPLE_SIZE, H, W, C], int32 labels)``, read-only.
+
+  Raises:
+    DataNotFoundError: no sample of that split (or the package data is
+      missing from the installation).
+  """
+  if split not in SAMPLE_SPLITS.get(name, ()):
+    held = ", ".join(f"{n} {s}" for n, splits in SAMPLE_SPLITS.items()
+                     for s in splits)
+    raise DataNotFoundError(f"No embedded sample of {name!r} split "
+                            f"{split!r}; the sample holds {held}.")
+  path = importlib.resources.files("repdef_jax").joinpath(
+      _SAMPLE_PACKAGE_DIR, f"{name}.npz")
+  try:
+    with path.open("rb") as f, np.load(f, allow_pickle=False) as archive:
+      arrays = archive[f"{split}_images"], archive[f"{split}_labels"]
+  except (OSError, KeyError, ValueError, zipfile.BadZipFile) as error:
+    raise DataNotFoundError(
+        f"The embedded sample {path} is missing or unreadable ({error}); "
+        "reinstall repdef_jax.") from None
   for array in arrays:
     array.flags.writeable = False
-  _MEMORY_CACHE[memory_key] = arrays
   return arrays
 
+
+def prepare(name: str, *, cache_dir: PathLike | None = None,
+            mirror: str | None = None, checksums: Any = None,
+            timeout: float | None = None) -> dict[str, str]:
+  """Downloads a dataset's original archives and caches the decoded splits.
+
+  What :func:`load` does on first use when no TFDS copy exists, as an
+  explicit step (``repdef-data prepare NAME``). Files are checked against the
+  published SHA-256 (:mod:`repdef_jax.download`) and nothing is written
+  unless every one of them matches.
+
+  Args:
+    name: dataset name, one of the keys of :data:`DATASETS`.
+    cache_dir: see :func:`load`.
+    mirror: root URL of a mirror (``<mirror>/<name>/<file>``); default
+      ``$REPDEF_JAX_MIRROR``, then the original publisher.
+    checksums: digests for a mirror holding other files than the published
+      ones (:func:`repdef_jax.download.fetch_and_decode`).
+    timeout: seconds a connect or read may block.
+
+  Returns:
+    ``{split: path of its .npz}``.
+
+  Raises:
+    ValueError: unknown ``name``.
+    repdef_jax.download.DownloadError: fetching, verification or decoding
+      failed (an ``OSError``); so does an unwritable cache folder.
+  """
+  get_info(name)
+  splits = _download(name, _cache_root(cache_dir), mirror=mirror,
+                     checksums=checksums, timeout=timeout)
+  paths = {s: _download_path(_cache_root(cache_dir), name, s) for s in splits}
+  for path in paths.values():
+    if not os.path.exists(path):
+      raise OSError(f"could not write {path}; pass another cache_dir or set "
+                    f"{_CACHE_DIR_ENV}.")
+  return paths
 
 def to_float(images: Any) -> Any:
   """Scales images to ``float32`` values in ``[0, 1]``.
@@ -252,15 +417,114 @@ def _check_split(info: DatasetInfo, split: str) -> None:
         "allowed).")
 
 
-def _missing_message(name: str, split: str, data_dir: str | None) -> str:
-  """The message of a :class:`DataNotFoundError`."""
-  searched = data_dir or "the TFDS default data directory"
+def _select(split: str, arrays: dict[str, Arrays]) -> Arrays:
+  """Applies a TFDS split spec (``a+b``, ``[i:j]``, ``[:p%]``) to arrays."""
+  images, labels = [], []
+  for part in split.split("+"):
+    match = re.fullmatch(r"\s*(\w+)\s*(?:\[(-?\d*)(%?):(-?\d*)(%?)\])?\s*",
+                         part)
+    if match is None:
+      raise ValueError(f"Unsupported split={split!r}; use forms such as "
+                       "'train', 'train[:1000]', 'train[10%:]', 'train+test'.")
+    base, lo, lo_pct, hi, hi_pct = match.groups()
+    x, y = arrays[base]
+    bounds = [None if not v else (round(int(v) * len(y) / 100) if pct else
+                                  int(v))
+              for v, pct in ((lo, lo_pct), (hi, hi_pct))]
+    images.append(x[bounds[0]:bounds[1]])
+    labels.append(y[bounds[0]:bounds[1]])
+  if len(images) == 1:
+    return images[0], labels[0]
+  return np.concatenate(images), np.concatenate(labels)
+
+
+def _base_splits(split: str) -> set[str]:
+  return {re.sub(r"\[.*\]$", "", part.strip()) for part in split.split("+")}
+
+
+def _sample_holds(name: str, split: str) -> bool:
+  return _base_splits(split) <= set(SAMPLE_SPLITS.get(name, ()))
+
+
+def _missing_message(name: str, split: str, notes: list[str]) -> str:
+  """The one-line message of a :class:`DataNotFoundError`."""
   return (
-      f"Could not find a prepared TFDS copy of dataset {name!r} (split "
-      f"{split!r}) in {searched}. Pass data_dir= (or --data_dir) or set the "
-      f"{_DATA_DIR_ENV} environment variable to a folder holding prepared "
-      f"TFDS datasets, e.g. <dir>/{name}/<version>/ with dataset_info.json "
-      "and the array_record files. Nothing is downloaded automatically.")
+      f"No data for dataset {name!r} split {split!r}: {'; '.join(notes)}. "
+      f"Fix: set {_DATA_DIR_ENV} (or pass data_dir / --data_dir) to a folder "
+      f"of prepared TFDS datasets (<dir>/{name}/<version>/), or run "
+      f"`repdef-data prepare {name}` where the network is reachable (a "
+      f"mirror: --mirror or {_download_module().MIRROR_ENV}); see "
+      "docs/data.md.")
+
+
+def _download_module():
+  from repdef_jax import download  # pylint: disable=g-import-not-at-top
+  return download
+
+
+def _env_flag(name: str) -> bool:
+  return os.environ.get(name, "") not in ("", "0")
+
+
+def _say(message: str) -> None:
+  """A progress line on stderr, unless ``$REPDEF_JAX_QUIET`` is set."""
+  if not _env_flag(QUIET_ENV):
+    print(f"[repdef_jax.data] {message}", file=sys.stderr, flush=True)
+
+
+def _from_tfds(info: DatasetInfo, split: str, data_dir: str | None,
+               cache_dir: str, max_examples: int | None,
+               notes: list[str]) -> tuple[np.ndarray, np.ndarray,
+                                          Source] | None:
+  """The split from a prepared TFDS copy, or None (reason added to notes)."""
+  where = data_dir or os.path.expanduser(_TFDS_DEFAULT_DIR)
+  absl_logger = logging.getLogger("absl")  # tfds warns through absl.
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    source = _open_source(info.name, split, data_dir)
+    version = str(source.dataset_info.version)
+    cache_path = _cache_path(cache_dir, info.name, split, version, data_dir,
+                             max_examples)
+    arrays = _read_cache(cache_path)
+    if arrays is None:
+      arrays = _decode(source, info, max_examples)
+      _write_cache(cache_path, *arrays)
+  except ValueError as error:
+    if "split" in str(error).lower():  # tfds: a slice beyond the split.
+      raise ValueError(f"Invalid split={split!r} for dataset {info.name!r}: "
+                       f"{_first_line(error)}") from None
+    notes.append(_unreadable(info.name, where, error))
+    return None
+  except _NoTfdsCopy:
+    notes.append(f"no prepared TFDS copy in {where}")
+    return None
+  except Exception as error:  # pylint: disable=broad-except
+    # tfds and array_record raise many types for a half-written folder
+    # (e.g. KeyError "splits is empty"); report it, never its traceback.
+    notes.append(_unreadable(info.name, where, error))
+    return None
+  finally:
+    absl_logger.setLevel(level)
+  return (*arrays, Source("tfds", f"prepared TFDS copy in {where}"))
+
+
+class _NoTfdsCopy(Exception):
+  """No TFDS folder for the dataset (as opposed to an unreadable one)."""
+
+
+def _first_line(error: BaseException) -> str:
+  """``Type: first sentence of the message``: one line, <= ~300 chars."""
+  text = str(error.args[0]) if isinstance(error, KeyError) and error.args else (
+      str(error))
+  text = re.split(r"(?<=\.)\s|\n", text.strip(), maxsplit=1)[0]
+  return f"{type(error).__name__}: {text[:300].rstrip('.')}"
+
+
+def _unreadable(name: str, where: str, error: BaseException) -> str:
+  return (f"an incomplete or unreadable TFDS copy in "
+          f"{os.path.join(where, name)} ({_first_line(error)}; delete it or "
+          "prepare it again)")
 
 
 def _open_source(name: str, split: str, data_dir: str | None) -> Any:
@@ -270,20 +534,18 @@ def _open_source(name: str, split: str, data_dir: str | None) -> Any:
   try:
     return tfds.data_source(name, split=split, data_dir=data_dir,
                             download=False)
-  except ValueError as error:
-    if "split" in str(error).lower():
-      raise ValueError(f"Invalid split={split!r} for dataset {name!r}: "
-                       f"{error}") from error
-    raise
   except (NotImplementedError, OSError, AssertionError,
           tfds.core.registered.DatasetNotFoundError) as error:
     # Without prepared files TFDS assumes its default TFRECORD format and
     # raises NotImplementedError ("random access ... is not supported").
-    raise DataNotFoundError(_missing_message(name, split, data_dir)) from error
+    where = data_dir or os.path.expanduser(_TFDS_DEFAULT_DIR)
+    if os.path.isdir(os.path.join(where, name)):
+      raise  # A folder that tfds cannot read: reported as unreadable.
+    raise _NoTfdsCopy() from error
 
 
 def _decode(source: Any, info: DatasetInfo,
-            max_examples: int | None) -> tuple[np.ndarray, np.ndarray]:
+            max_examples: int | None) -> Arrays:
   """Decodes records one at a time into preallocated arrays."""
   count = len(source)
   if max_examples is not None:
@@ -294,20 +556,70 @@ def _decode(source: Any, info: DatasetInfo,
     example = source[index]
     image = np.asarray(example["image"])
     if image.shape != info.image_shape:
-      raise ValueError(f"Record {index} of {info.name!r} has image shape "
-                       f"{image.shape}, expected {info.image_shape}.")
+      raise RuntimeError(f"record {index} of {info.name!r} has image shape "
+                         f"{image.shape}, expected {info.image_shape}")
     images[index] = image
     labels[index] = example["label"]
   return images, labels
 
 
-def _cache_path(cache_dir: PathLike | None, name: str, split: str,
-                version: str, data_dir: str | None,
-                max_examples: int | None) -> str:
-  """The ``.npz`` cache file of one decoded split."""
+def _from_download(info: DatasetInfo, split: str, cache_dir: str,
+                   max_examples: int | None, allowed: bool | None,
+                   notes: list[str]) -> tuple[np.ndarray, np.ndarray,
+                                              Source] | None:
+  """The split from downloaded archives (cached or fetched now), or None."""
+  paths = {s: _download_path(cache_dir, info.name, s) for s in info.splits}
+  arrays = {s: _read_cache(paths[s]) for s in _base_splits(split)}
+  if any(a is None for a in arrays.values()):
+    if allowed is None:
+      allowed = not _env_flag(OFFLINE_ENV)
+    if not allowed:
+      notes.append(f"no download in {cache_dir} and downloading is off ("
+                   f"{OFFLINE_ENV}=1 or download=False)")
+      return None
+    key = (info.name, _download_module().base_url(info.name))
+    if key not in _FAILED_DOWNLOADS:
+      try:
+        arrays = _download(info.name, cache_dir)
+      except OSError as error:
+        _FAILED_DOWNLOADS[key] = str(error)
+    if key in _FAILED_DOWNLOADS:
+      notes.append(f"no download in {cache_dir} and downloading failed: "
+                   f"{_FAILED_DOWNLOADS[key]}")
+      return None
+  images, labels = _select(split, arrays)
+  return (images[:max_examples], labels[:max_examples],
+          Source("download", "original archives, decoded in " + cache_dir))
+
+
+def _download(name: str, cache_dir: str, **kwargs) -> dict[str, Arrays]:
+  """Fetches, verifies and decodes a dataset; caches its splits."""
+  download = _download_module()
+  _say(f"downloading {name} from "
+       f"{download.base_url(name, kwargs.get('mirror'))} (set "
+       f"{OFFLINE_ENV}=1 to skip)")
+  splits = download.fetch_and_decode(name, log=_say, **kwargs)
+  for split, arrays in splits.items():
+    _write_cache(_download_path(cache_dir, name, split), *arrays)
+  _say(f"{name}: " + ", ".join(f"{s} {len(a[1])} images" for s, a in
+                               splits.items()) + f" cached in {cache_dir}")
+  return splits
+
+
+def _cache_root(cache_dir: PathLike | None) -> str:
   if cache_dir is None:
     cache_dir = os.environ.get(_CACHE_DIR_ENV) or _DEFAULT_CACHE_DIR
-  cache_dir = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
+  return os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
+
+
+def _download_path(cache_dir: str, name: str, split: str) -> str:
+  """The ``.npz`` of one whole split decoded from the original archives."""
+  return os.path.join(cache_dir, "original", f"{name}-{split}.npz")
+
+
+def _cache_path(cache_dir: str, name: str, split: str, version: str,
+                data_dir: str | None, max_examples: int | None) -> str:
+  """The ``.npz`` cache file of one decoded TFDS split."""
   dir_hash = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
   split_tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", split)
   count_tag = "all" if max_examples is None else str(max_examples)
@@ -315,7 +627,7 @@ def _cache_path(cache_dir: PathLike | None, name: str, split: str,
   return os.path.join(cache_dir, file_name)
 
 
-def _read_cache(path: str) -> tuple[np.ndarray, np.ndarray] | None:
+def _read_cache(path: str) -> Arrays | None:
   """Reads a cached split; ``None`` if it is absent or unreadable."""
   if not os.path.exists(path):
     return None
@@ -324,11 +636,12 @@ def _read_cache(path: str) -> tuple[np.ndarray, np.ndarray] | None:
       images, labels = archive["images"], archive["labels"]
   except (OSError, ValueError, KeyError, EOFError,
           zipfile.BadZipFile) as error:
-    logger.warning("Ignoring unreadable cache file %s: %s", path, error)
+    logger.warning("Rebuilding unreadable cache file %s (%s).", path,
+                   _first_line(error))
     return None
   if (images.dtype != np.uint8 or labels.dtype != np.int32 or
       len(images) != len(labels)):
-    logger.warning("Ignoring malformed cache file %s.", path)
+    logger.warning("Rebuilding malformed cache file %s.", path)
     return None
   return images, labels
 
@@ -342,3 +655,27 @@ def _write_cache(path: str, images: np.ndarray, labels: np.ndarray) -> None:
   except OSError as error:
     logger.warning("Not caching %s (cache directory not writable?): %s",
                    path, error)
+
+
+def write_sample(data_dir: PathLike, out_dir: PathLike) -> dict[str, str]:
+  """Rebuilds the embedded sample from prepared TFDS copies (maintainers).
+
+  Writes ``<out_dir>/<name>.npz`` holding ``<split>_images`` and
+  ``<split>_labels`` for every split in :data:`SAMPLE_SPLITS`: the first
+  :data:`SAMPLE_SIZE` records of each.
+
+  Returns:
+    ``{name: path}``.
+  """
+  paths = {}
+  for name, splits in SAMPLE_SPLITS.items():
+    arrays = {}
+    for split in splits:
+      images, labels = load(name, split, data_dir, max_examples=SAMPLE_SIZE,
+                            download=False)
+      arrays[f"{split}_images"], arrays[f"{split}_labels"] = images, labels
+    buffer = BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    paths[name] = os.path.join(os.fspath(out_dir), f"{name}.npz")
+    storage.write_bytes(paths[name], buffer.getvalue())
+  return paths

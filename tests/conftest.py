@@ -4,6 +4,8 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# No test downloads a dataset (tests/test_download.py serves its own mirror).
+os.environ.setdefault("REPDEF_JAX_OFFLINE", "1")
 
 import pytest  # noqa: E402
 

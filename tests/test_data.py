@@ -1,6 +1,8 @@
 """Tests of repdef_jax.data: TFDS loading, caching and pixel scaling."""
 
 import os
+import re
+import shutil
 import socket
 import time
 
@@ -231,3 +233,131 @@ def test_real_datasets_load(tmp_path):
         assert len(images) == count
       np.testing.assert_array_equal(np.unique(labels),
                                     np.arange(info.num_classes))
+
+
+# ---------------------------------------------------------------------------
+# Every data state: (id, setup(tmp_path) -> load kwargs, expected outcome).
+# An error is one line saying what was searched and how to fix it, never a
+# traceback from tfds; a state with a fallback says which source was used.
+
+
+_REAL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), "..", "shared", "tfds")
+
+
+def _half_written(tmp_path):
+  """What an interrupted `tfds.builder(...).download_and_prepare` leaves:
+  dataset_info.json and features.json with no splits, no record files."""
+  builder = tfds.builder("mnist", data_dir=tmp_path / "tfds",
+                         file_format="array_record")
+  os.makedirs(builder.data_dir)
+  builder.info.write_to_directory(builder.data_dir)
+  return {"data_dir": tmp_path / "tfds"}
+
+
+def _empty_folder(tmp_path):
+  os.makedirs(tmp_path / "tfds" / "mnist")
+  return {"data_dir": tmp_path / "tfds"}
+
+
+def _records_missing(tmp_path):
+  """A prepared copy's info files without its array_record files."""
+  if not os.path.isdir(os.path.join(_REAL_DIR, "mnist", "3.0.1")):
+    pytest.skip("needs the prepared MNIST copy in ../shared/tfds")
+  version = os.path.join(tmp_path, "tfds", "mnist", "3.0.1")
+  os.makedirs(version)
+  for name in ("dataset_info.json", "features.json"):
+    shutil.copy(os.path.join(_REAL_DIR, "mnist", "3.0.1", name), version)
+  return {"data_dir": tmp_path / "tfds"}
+
+
+def _corrupt_download(tmp_path):
+  os.makedirs(tmp_path / "cache" / "original")
+  (tmp_path / "cache" / "original" / "mnist-test.npz").write_bytes(b"junk")
+  return {"data_dir": tmp_path / "none", "sample": True}
+
+
+DATA_STATES = [
+    ("no data, downloads off", lambda t: {"data_dir": t / "none"},
+     data.DataNotFoundError,
+     r"^No data for dataset 'mnist' split 'test': no prepared TFDS copy in "
+     r".*none; no download in .*cache and downloading is off "
+     r"\(REPDEF_JAX_OFFLINE=1 or download=False\)\. Fix: set TFDS_DATA_DIR"),
+    ("no data, no network",
+     lambda t: {"data_dir": t / "none", "download": True},
+     data.DataNotFoundError,
+     r"downloading failed: fetching https://storage\.googleapis\.com/\S+ "
+     r"failed \(URLError: .*Network is unreachable\)\. Fix: .*repdef-data "
+     r"prepare mnist"),
+    ("empty TFDS folder", _empty_folder, data.DataNotFoundError,
+     r"an incomplete or unreadable TFDS copy in .*tfds/mnist "
+     r"\(NotImplementedError: .*; delete it or prepare it again\)"),
+    ("half-written TFDS folder", _half_written, data.DataNotFoundError,
+     r"unreadable TFDS copy in .*tfds/mnist \(KeyError: Trying to access "
+     r"`splits\['test'\]` but `splits` is empty; delete it"),
+    ("record file missing", _records_missing, data.DataNotFoundError,
+     r"unreadable TFDS copy in .*tfds/mnist \(RuntimeError: open\(\) "
+     r"failed: No such file or directory; opening .*mnist-test\."
+     r"array_record-00000-of-00001; delete it"),
+    ("unknown dataset name", lambda t: {"name": "svhn"}, ValueError,
+     r"^Unknown dataset name='svhn'; expected one of \['cifar10', "),
+    ("unknown split", lambda t: {"split": "validation"}, ValueError,
+     r"^Unknown split='validation' for dataset 'mnist'; expected one of"),
+    ("no data, sample lacks the split",
+     lambda t: {"name": "cifar10", "split": "train", "sample": True,
+                "data_dir": t / "none"}, data.DataNotFoundError,
+     r"^No data for dataset 'cifar10' split 'train': no prepared TFDS copy"),
+    ("no data, sample allowed", lambda t: {"data_dir": t / "none",
+                                           "sample": True},
+     "sample", r"^the embedded sample, 256 real mnist test images \(no "
+     r"prepared TFDS copy in .*none; no download in .* downloading is off"),
+    ("corrupt download cache, sample allowed", _corrupt_download, "sample",
+     r"^the embedded sample, 256 real mnist test images"),
+]
+
+
+@pytest.fixture
+def unreachable_network(monkeypatch):
+  """Every connection fails as on a machine without a network."""
+
+  def unreachable(*args, **kwargs):
+    raise OSError(101, "Network is unreachable")
+
+  monkeypatch.setattr(socket, "create_connection", unreachable)
+  monkeypatch.delenv("REPDEF_JAX_MIRROR", raising=False)
+
+
+@pytest.mark.usefixtures("unreachable_network")
+@pytest.mark.parametrize("setup, expected, match",
+                         [c[1:] for c in DATA_STATES],
+                         ids=[c[0] for c in DATA_STATES])
+def test_data_states(setup, expected, match, tmp_path):
+  kwargs = {"name": "mnist", "split": "test", "cache_dir": tmp_path / "cache",
+            **setup(tmp_path)}
+  if isinstance(expected, str):
+    *_, source = data.load_with_source(**kwargs)
+    assert source.kind == expected
+    assert re.search(match, source.detail), source.detail
+    assert "\n" not in str(source)
+    return
+  with pytest.raises(expected) as error:
+    data.load_with_source(**kwargs)
+  message = str(error.value)
+  assert "\n" not in message and "Traceback" not in message
+  assert re.search(match, message), message
+
+
+def test_sample_is_real_and_matches_the_prepared_copy():
+  for name, splits in data.SAMPLE_SPLITS.items():
+    info = data.get_info(name)
+    for split in splits:
+      images, labels = data.load_sample(name, split)
+      assert images.shape == (data.SAMPLE_SIZE, *info.image_shape)
+      assert images.dtype == np.uint8 and labels.dtype == np.int32
+      assert len(np.unique(labels)) == info.num_classes  # every class
+      assert images.std() > 30  # natural images, not constants
+      if _has_real_data():
+        real, real_labels = data.load(
+            name, split, max_examples=data.SAMPLE_SIZE, download=False)
+        np.testing.assert_array_equal(images, real)
+        np.testing.assert_array_equal(labels, real_labels)

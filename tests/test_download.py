@@ -1,0 +1,235 @@
+"""The download path, offline: original-format archives on a local HTTP mirror.
+
+The served files are built from the prepared TFDS copies when they exist
+(``$TFDS_DATA_DIR`` or ``../shared/tfds``: real MNIST and CIFAR-10 records),
+otherwise from small synthetic arrays; Fashion-MNIST and CIFAR-100 are always
+synthetic. Decoding them must give back exactly the served arrays.
+"""
+
+import functools
+import gzip
+import hashlib
+import http.server
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+
+import numpy as np
+import pytest
+
+from repdef_jax import data
+from repdef_jax import download
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SPLIT_SIZES = {"train": 300, "test": 200}
+
+
+def _tfds_dir() -> str | None:
+  for d in (os.environ.get("TFDS_DATA_DIR"),
+            os.path.join(ROOT, "..", "shared", "tfds")):
+    if d and os.path.isdir(os.path.join(d, "mnist")):
+      return d
+  return None
+
+
+def _source_arrays(name: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """Real records when a prepared copy exists, else synthetic ones."""
+  tfds_dir = _tfds_dir()
+  if tfds_dir and name in ("mnist", "cifar10"):
+    return {s: data.load(name, s, tfds_dir, download=False, max_examples=n)
+            for s, n in _SPLIT_SIZES.items()}
+  info = data.get_info(name)
+  rng = np.random.default_rng(len(name))
+  return {s: (rng.integers(0, 256, (n, *info.image_shape), dtype=np.uint8),
+              rng.integers(0, info.num_classes, n).astype(np.int32))
+          for s, n in _SPLIT_SIZES.items()}
+
+
+def _idx(array: np.ndarray) -> bytes:
+  """A gzipped IDX file of a uint8 array (the MNIST format)."""
+  header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+      int(d).to_bytes(4, "big") for d in array.shape)
+  return gzip.compress(header + np.ascontiguousarray(array).tobytes(),
+                       compresslevel=1)
+
+
+def _cifar_tgz(name: str, splits) -> bytes:
+  """A CIFAR ``*-binary.tar.gz``: label byte(s) then 3x1024 channel planes."""
+  label_bytes = 2 if name == "cifar100" else 1
+  if name == "cifar100":
+    files = {"train": ["cifar-100-binary/train.bin"],
+             "test": ["cifar-100-binary/test.bin"]}
+  else:
+    files = {"train": [f"cifar-10-batches-bin/data_batch_{i}.bin"
+                       for i in range(1, 6)],
+             "test": ["cifar-10-batches-bin/test_batch.bin"]}
+  buffer = io.BytesIO()
+  with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
+    for split, members in files.items():
+      images, labels = splits[split]
+      for member, part in zip(members, np.array_split(
+          np.arange(len(labels)), len(members))):
+        rows = np.zeros((len(part), label_bytes + 3072), np.uint8)
+        rows[:, 0] = 7  # CIFAR-100's coarse label: must be ignored.
+        rows[:, label_bytes - 1] = labels[part]
+        rows[:, label_bytes:] = images[part].transpose(0, 3, 1, 2).reshape(
+            len(part), -1)
+        info = tarfile.TarInfo(member)
+        info.size = rows.nbytes
+        tar.addfile(info, io.BytesIO(rows.tobytes()))
+  return buffer.getvalue()
+
+
+def _files(name: str, splits) -> dict[str, bytes]:
+  if name.startswith("cifar"):
+    [archive] = download.ORIGINS[name].archives
+    return {archive.file: _cifar_tgz(name, splits)}
+  out = {}
+  for split, prefix in (("train", "train"), ("test", "t10k")):
+    images, labels = splits[split]
+    out[f"{prefix}-images-idx3-ubyte.gz"] = _idx(images[..., 0])
+    out[f"{prefix}-labels-idx1-ubyte.gz"] = _idx(labels.astype(np.uint8))
+  return out
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+  """Serves every dataset's files; yields (url, checksums file, arrays)."""
+  root = tmp_path_factory.mktemp("mirror")
+  arrays, lines = {}, []
+  for name in download.ORIGINS:
+    arrays[name] = _source_arrays(name)
+    os.makedirs(root / name)
+    for file, blob in _files(name, arrays[name]).items():
+      (root / name / file).write_bytes(blob)
+      lines.append(f"{hashlib.sha256(blob).hexdigest()}  {name}/{file}")
+  checksums = root / "SHA256SUMS"
+  checksums.write_text("\n".join(lines) + "\n")
+  handler = functools.partial(Quiet, directory=str(root))
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  yield f"http://127.0.0.1:{server.server_port}", str(checksums), arrays
+  server.shutdown()
+  thread.join()
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+
+  def log_message(self, *args):
+    del args
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+  for var in (download.MIRROR_ENV, download.CHECKSUMS_ENV, "TFDS_DATA_DIR"):
+    monkeypatch.delenv(var, raising=False)
+  monkeypatch.setenv(data.QUIET_ENV, "1")
+  data.clear_cache()
+  yield
+  data.clear_cache()
+
+
+@pytest.mark.parametrize("name", sorted(download.ORIGINS))
+def test_prepare_decodes_the_served_arrays(mirror, name, tmp_path):
+  url, checksums, arrays = mirror
+  paths = data.prepare(name, cache_dir=tmp_path, mirror=url,
+                       checksums=checksums)
+  assert sorted(paths) == ["test", "train"]
+  for split, (images, labels) in arrays[name].items():
+    with np.load(paths[split]) as z:
+      np.testing.assert_array_equal(z["images"], images)
+      np.testing.assert_array_equal(z["labels"], labels)
+      assert z["images"].dtype == np.uint8 and z["labels"].dtype == np.int32
+
+
+def test_wrong_checksum_is_refused_and_writes_nothing(mirror, tmp_path):
+  url, _, _ = mirror
+  # The served files are not the published ones: the default table refuses.
+  with pytest.raises(download.DownloadError, match="checksum mismatch"):
+    data.prepare("mnist", cache_dir=tmp_path, mirror=url)
+  bad = tmp_path / "bad_sums"
+  bad.write_text(f"{'0' * 64}  cifar10/cifar-10-binary.tar.gz\n")
+  with pytest.raises(download.DownloadError,
+                     match=r"sha256 [0-9a-f]{64}, expected 0{64}"):
+    data.prepare("cifar10", cache_dir=tmp_path, mirror=url,
+                 checksums=str(bad))
+  assert not [f for _, _, fs in os.walk(tmp_path) for f in fs
+              if f != "bad_sums"]
+
+
+def test_a_checksum_file_only_replaces_what_it_names(mirror, tmp_path):
+  url, checksums, _ = mirror
+  partial = tmp_path / "partial"
+  partial.write_text("".join(
+      line + "\n" for line in open(checksums).read().splitlines()
+      if "t10k-images" not in line))
+  with pytest.raises(download.DownloadError, match="t10k-images.*mismatch|"
+                     "mismatch.*t10k-images"):
+    data.prepare("mnist", cache_dir=tmp_path / "c", mirror=url,
+                 checksums=str(partial))
+
+
+def test_load_downloads_on_first_use_then_reads_the_cache(mirror, tmp_path,
+                                                          monkeypatch):
+  url, checksums, arrays = mirror
+  monkeypatch.setenv(download.MIRROR_ENV, url)
+  monkeypatch.setenv(download.CHECKSUMS_ENV, checksums)
+  empty = tmp_path / "no_tfds"
+  images, labels, source = data.load_with_source(
+      "cifar10", "test[:50]", empty, cache_dir=tmp_path, download=True)
+  assert source.kind == "download"
+  np.testing.assert_array_equal(images, arrays["cifar10"]["test"][0][:50])
+  np.testing.assert_array_equal(labels, arrays["cifar10"]["test"][1][:50])
+
+  data.clear_cache()
+  monkeypatch.setenv(download.MIRROR_ENV, "http://127.0.0.1:9")  # Unused.
+  images, _, source = data.load_with_source(
+      "cifar10", "train+test", empty, cache_dir=tmp_path, download=False,
+      max_examples=310)
+  assert source.kind == "download" and images.shape == (310, 32, 32, 3)
+  np.testing.assert_array_equal(images[300:],
+                                arrays["cifar10"]["test"][0][:10])
+
+
+def test_unreachable_mirror_fails_fast_with_one_line(tmp_path):
+  # Port 9 (discard) on localhost: nothing listens; connect is refused.
+  with pytest.raises(data.DataNotFoundError) as error:
+    with pytest.MonkeyPatch.context() as m:
+      m.setenv(download.MIRROR_ENV, "http://127.0.0.1:9")
+      data.load("mnist", "test", tmp_path / "none", cache_dir=tmp_path,
+                download=True)
+  message = str(error.value)
+  assert "\n" not in message
+  assert "downloading failed: fetching http://127.0.0.1:9/mnist/" in message
+  assert "repdef-data prepare mnist" in message
+  assert not os.path.exists(tmp_path / "original")
+
+
+def test_oversized_file_is_refused(mirror):
+  url, _, _ = mirror
+  with pytest.raises(download.DownloadError, match="larger than"):
+    download.fetch(f"{url}/mnist/t10k-labels-idx1-ubyte.gz", "0" * 64,
+                   size=10)
+
+
+def test_cli_prepare(mirror, tmp_path):
+  url, checksums, _ = mirror
+  env = {**os.environ, data.QUIET_ENV: "1"}
+  ok = subprocess.run(
+      [sys.executable, "-m", "repdef_jax.download", "prepare", "mnist",
+       f"--mirror={url}", f"--checksums={checksums}",
+       f"--cache_dir={tmp_path}"], capture_output=True, text=True, env=env,
+      timeout=120, check=False)
+  assert ok.returncode == 0, ok.stderr
+  assert "mnist: ready (test, train)" in ok.stdout
+  bad = subprocess.run(
+      [sys.executable, "-m", "repdef_jax.download", "prepare", "cifar10",
+       f"--mirror={url}", f"--cache_dir={tmp_path / 'bad'}"],
+      capture_output=True, text=True, env=env, timeout=120, check=False)
+  assert bad.returncode == 1
+  [line] = bad.stderr.strip().splitlines()
+  assert line.startswith("repdef-data: cifar10: checksum mismatch")
