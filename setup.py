@@ -45,7 +45,21 @@ setuptools.setup(
                  "its attacks and FedAvg, in JAX."),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=setuptools.find_packages(include=["repdef_jax", "repdef_jax.*"]),
+    # experiments/ (the entry points and their configs) is installed too, so
+    # that `python -m experiments.attack` and the console scripts run from
+    # any folder.
+    packages=setuptools.find_packages(
+        include=["repdef_jax", "repdef_jax.*", "experiments",
+                 "experiments.*"]),
+    package_data={"repdef_jax": ["sample_data/*.npz",
+                                 "sample_data/README.md"]},
+    entry_points={"console_scripts": [
+        "repdef-attack = experiments.console:attack",
+        "repdef-reproduce = experiments.console:reproduce",
+        "repdef-fedavg = experiments.console:fedavg",
+        "repdef-benchmark = experiments.console:benchmark",
+        "repdef-data = repdef_jax.download:main",
+    ]},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

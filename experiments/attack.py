@@ -1,6 +1,6 @@
-"""Main job: attack real images with and without a defense (README's first
-command). Logic: :mod:`repdef_jax.paper.main_job`; config and expected
-result: experiments/configs/attack.py; output schema: docs/main_job.md."""
+"""Main job (`repdef-attack`): attack real images, or your own (--images=a
+folder of PNG/JPEG or an .npz), with and without a defense; data sources,
+config and output schema: docs/main_job.md and docs/data.md."""
 
 from absl import app
 
@@ -16,7 +16,8 @@ main = config_entry.make_main(
     shortcuts={"dataset": main_job.DATASETS, "model": models.MODEL_NAMES,
                "init": models.INITS, "attack": attacks.ATTACK_NAMES,
                "defense": defenses.DEFENSE_NAMES, "strength": None,
-               "num_images": None, "seed": None, "iterations": None},
+               "num_images": None, "seed": None, "iterations": None,
+               "images": None},
     default_workdir="./runs/attack")
 
 if __name__ == "__main__":

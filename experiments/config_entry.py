@@ -1,17 +1,22 @@
 """The one shape of every entry point: an absl main over one library call.
 
 Each experiment module defines ``--config`` (an ``ml_collections`` file in
-``experiments/configs/``), ``--workdir`` and ``--data_dir`` with
-:func:`make_main` and hands the config to one library function
-``run(config, workdir) -> result``. Shortcut flags (``--dataset=mnist``) may
-stand for config fields (``--config.dataset=mnist``); a shortcut with choices
-is an enum flag, so ``--help`` lists the valid values.
+``experiments/configs/``, found next to this module, so the entry points run
+from any folder once installed), ``--workdir``, ``--data_dir`` and
+``--quiet`` with :func:`make_main` and hands the config to one library
+function ``run(config, workdir) -> result``. Shortcut flags
+(``--dataset=mnist``) may stand for config fields (``--config.dataset=mnist``);
+a shortcut with choices is an enum flag, so ``--help`` lists the valid values.
+A bad setting (``ValueError``) or missing data ends the run with a one-line
+``error:`` message and exit status 1 (``REPDEF_JAX_DEBUG=1``: the traceback).
+Console scripts (``repdef-attack`` ...) are :mod:`experiments.console`.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
@@ -19,7 +24,11 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from repdef_jax import data
 from repdef_jax import storage
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "configs")
 
 
 def _define_shortcut(name: str, config: Any,
@@ -40,7 +49,8 @@ def make_main(name: str, run: Callable[[Any, str], Any],
   """Defines the flags of experiment ``name`` and returns its ``main``.
 
   Args:
-    name: the experiment; its config is ``experiments/configs/NAME.py``.
+    name: the experiment; its config is ``experiments/configs/NAME.py``
+      (:data:`CONFIG_DIR`).
     run: the library function ``run(config, workdir) -> result``.
     report: prints a summary of the result (default: where it was written).
     shortcuts: config fields that also get a top-level flag, each with its
@@ -51,28 +61,37 @@ def make_main(name: str, run: Callable[[Any, str], Any],
     ``main(argv)`` for ``absl.app.run``.
   """
   config_flag = config_flags.DEFINE_config_file(
-      "config", f"experiments/configs/{name}.py", "Experiment config file.")
+      "config", os.path.join(CONFIG_DIR, f"{name}.py"),
+      "Experiment config file[:preset] (default: the experiment's own).")
   workdir_flag = flags.DEFINE_string("workdir", default_workdir,
                                      "Output directory.",
                                      required=default_workdir is None)
   data_dir_flag = flags.DEFINE_string(
-      "data_dir", None, "TFDS data dir (default: TFDS_DATA_DIR).")
+      "data_dir", None, "Prepared TFDS folder (default: TFDS_DATA_DIR; "
+      "otherwise downloads, docs/data.md).")
+  quiet_flag = flags.DEFINE_bool(
+      "quiet", False, f"No progress lines or ETAs (also {data.QUIET_ENV}=1).")
   defaults = (importlib.import_module(f"experiments.configs.{name}")
               .get_config() if shortcuts else None)
   holders = {field: _define_shortcut(field, defaults, choices)
              for field, choices in (shortcuts or {}).items()}
 
   # The flags belong to this module; show them in the entry point's --help.
+  # absl's --help lists the key flags of the module named sys.argv[0] (the
+  # file run by `python -m`, or a console script).
   caller = sys._getframe(1).f_globals["__name__"]  # pylint: disable=protected-access
-  if caller == "__main__":
-    caller = sys.argv[0]  # How absl names the main module.
-  for flag in (config_flag, workdir_flag, data_dir_flag, *holders.values()):
-    flags.FLAGS.register_key_flag_for_module(caller, flags.FLAGS[flag.name])
+  for module in {caller, sys.argv[0]} - {"__main__"}:
+    for flag in (config_flag, workdir_flag, data_dir_flag, quiet_flag,
+                 *holders.values()):
+      flags.FLAGS.register_key_flag_for_module(module,
+                                               flags.FLAGS[flag.name])
 
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     logging.basicConfig(level=logging.WARNING)
+    if quiet_flag.value:  # Also reaches subprocesses (reproduce's parts).
+      os.environ[data.QUIET_ENV] = "1"
     storage.enable_compilation_cache()
     config = config_flag.value
     for field, holder in holders.items():
@@ -80,7 +99,14 @@ def make_main(name: str, run: Callable[[Any, str], Any],
         config[field] = holder.value
     if data_dir_flag.value:
       config.data_dir = data_dir_flag.value
-    result = run(config, workdir_flag.value)
+    try:
+      result = run(config, workdir_flag.value)
+    except (ValueError, data.DataNotFoundError) as error:
+      if os.environ.get("REPDEF_JAX_DEBUG"):
+        raise
+      # Bad settings or missing data: the one-line message, no traceback.
+      print(f"{name}: error: {error}", file=sys.stderr)
+      sys.exit(1)
     if report is not None:
       report(result, workdir_flag.value)
     elif isinstance(result, dict) and "seconds" in result:

@@ -1,9 +1,11 @@
-"""End-to-end test of experiments/attack.py under tfds.testing.mock_data."""
+"""End-to-end tests of the main job: mock TFDS data, the embedded sample and
+the user's own images."""
 
 import json
 import os
 import sys
 
+import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
@@ -38,6 +40,7 @@ def test_main_job_end_to_end_and_resume(tmp_path):
     on_disk = json.load(f)
   assert on_disk == json.loads(json.dumps(results))
   assert on_disk["pixel_space"] == "[0,1]"
+  assert on_disk["data_source"] == "tfds"
   assert on_disk["config"]["attack"] == "gs"
   assert on_disk["config"]["num_images"] == 2
   assert len(on_disk["images"]) == 2
@@ -69,3 +72,86 @@ def test_main_job_end_to_end_and_resume(tmp_path):
 def test_bad_names_list_valid_ones(tmp_path, key, value, match):
   with pytest.raises(ValueError, match=match):
     attack_main.run({**CONFIG, key: value}, str(tmp_path), verbose=False)
+
+
+def test_no_data_runs_on_the_embedded_sample(tmp_path, monkeypatch, capsys):
+  # No TFDS copy, downloads off (conftest): the sample, said in one line.
+  monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "empty"))
+  workdir = str(tmp_path / "run")
+  results = attack_main.run({**CONFIG, "num_images": 1}, workdir)
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith("data: the embedded sample, 256 real mnist test "
+                           "images (no prepared TFDS copy in ")
+  assert results["data_source"] == "sample"
+  [entry] = results["images"]
+  _, sample_labels = data.load_sample("mnist")
+  assert entry["index"] < data.SAMPLE_SIZE
+  assert entry["label"] == sample_labels[entry["index"]]
+  # The same workdir with another data source is refused before any attack.
+  with pytest.raises(ValueError, match="different data_source"):
+    with tfds.testing.mock_data(num_examples=8):
+      attack_main.run({**CONFIG, "num_images": 1}, workdir, verbose=False)
+
+
+def test_explicit_data_dir_does_not_fall_back(tmp_path):
+  with pytest.raises(data.DataNotFoundError, match="no prepared TFDS copy"):
+    attack_main.run({**CONFIG, "data_dir": str(tmp_path / "none")},
+                    str(tmp_path / "run"), verbose=False)
+
+
+def _png(path, array):
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  Image.fromarray(array).save(path)
+
+
+def test_own_images_resize_rule(tmp_path):
+  # 40 x 56 RGB: a red centre square 40 x 40 between blue side bands.
+  wide = np.zeros((40, 56, 3), np.uint8)
+  wide[:, :8] = wide[:, 48:] = (0, 0, 255)
+  wide[:, 8:48] = (255, 0, 0)
+  _png(tmp_path / "b_wide.png", wide)
+  small = np.full((8, 8), 200, np.uint8)  # Enlarged (bilinear): stays flat.
+  _png(tmp_path / "a_small.png", small)
+  (tmp_path / "notes.txt").write_text("ignored")
+  x, y, names = attack_main.load_own_images(str(tmp_path), (28, 28, 1))
+  assert names == ["a_small.png", "b_wide.png"] and y is None
+  assert x.shape == (2, 28, 28, 1) and x.dtype == np.float32
+  np.testing.assert_allclose(x[0], 200 / 255, atol=1e-6)
+  # Centre crop drops the blue bands; luma of pure red is 0.299 * 255 = 76.
+  np.testing.assert_allclose(x[1], 76 / 255, atol=1e-6)
+  rgb, _, _ = attack_main.load_own_images(str(tmp_path), (32, 32, 3))
+  np.testing.assert_allclose(rgb[1], np.broadcast_to([1.0, 0, 0], rgb[1].shape))
+
+
+def test_own_images_npz_and_bad_inputs(tmp_path):
+  x = np.random.default_rng(0).random((3, 28, 28)).astype(np.float32)
+  np.savez(tmp_path / "ok.npz", x=x, y=np.array([1, 2, 3]))
+  got, y, names = attack_main.load_own_images(str(tmp_path / "ok.npz"),
+                                              (28, 28, 1))
+  np.testing.assert_allclose(got[..., 0], np.round(x * 255) / 255, atol=1e-6)
+  assert list(y) == [1, 2, 3] and names == ["x[0]", "x[1]", "x[2]"]
+  np.savez(tmp_path / "bad.npz", x=x * 2)
+  with pytest.raises(ValueError, match=r"float x must lie in \[0, 1\]"):
+    attack_main.load_own_images(str(tmp_path / "bad.npz"), (28, 28, 1))
+  np.savez(tmp_path / "nox.npz", images=x)
+  with pytest.raises(ValueError, match="holding 'x'"):
+    attack_main.load_own_images(str(tmp_path / "nox.npz"), (28, 28, 1))
+  os.makedirs(tmp_path / "empty")
+  with pytest.raises(ValueError, match="holds no .png"):
+    attack_main.load_own_images(str(tmp_path / "empty"), (28, 28, 1))
+
+
+def test_main_job_on_own_images(tmp_path):
+  rng = np.random.default_rng(0)
+  folder = tmp_path / "mine"
+  os.makedirs(folder)
+  for name in ("cat.png", "dog.jpg", "fox.png"):
+    _png(folder / name, rng.integers(0, 256, (50, 60, 3), dtype=np.uint8))
+  results = attack_main.run({**CONFIG, "images": str(folder)},
+                            str(tmp_path / "run"), verbose=False)
+  assert results["data_source"] == "images"
+  assert [e["file"] for e in results["images"]] == ["cat.png", "dog.jpg"]
+  assert all(e["label_source"] == "predicted" for e in results["images"])
+  with pytest.raises(ValueError, match="does not exist"):
+    attack_main.run({**CONFIG, "images": str(tmp_path / "nope")},
+                    str(tmp_path / "run2"), verbose=False)

@@ -198,6 +198,15 @@ def _cli_error(proc: subprocess.CompletedProcess, pattern: str) -> str:
   return f"exit {proc.returncode}, message matches {pattern!r}"
 
 
+def _one_line_error(proc: subprocess.CompletedProcess, pattern: str) -> str:
+  """A CLI error: exit 1 and the message on one line, no traceback."""
+  import re  # pylint: disable=g-import-not-at-top
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+  [line] = [ln for ln in proc.stderr.splitlines() if ": error: " in ln]
+  assert re.search(pattern, line), line
+  return f"exit 1, one line: {line[:80]}..."
+
+
 KEY = jax.random.key(0)
 CASES = [
     # ---- models ---------------------------------------------------------
@@ -602,6 +611,22 @@ CASES = [
     Case("CLI experiments.fedavg without --workdir",
          lambda e: _cli("experiments.fedavg"), error=None,
          check=lambda p: _cli_error(p, r"--workdir")),
+    Case("CLI experiments.attack --images=<missing path>",
+         lambda e: _cli("experiments.attack", "--images=/nonexistent/x",
+                        f"--workdir={e['tmp']}"), error=None,
+         check=lambda p: _one_line_error(
+             p, r"attack: error: images='/nonexistent/x' does not exist; "
+             r"pass a folder of PNG/JPEG files or an \.npz")),
+    Case("CLI experiments.attack --data_dir=<empty folder>",
+         lambda e: _cli("experiments.attack", f"--data_dir={e['tmp']}",
+                        f"--workdir={e['tmp'] / 'run'}"), error=None,
+         check=lambda p: _one_line_error(
+             p, r"attack: error: No data for dataset 'cifar10' split 'test': "
+             r"no prepared TFDS copy in .*Fix: set TFDS_DATA_DIR")),
+    Case("CLI repdef_jax.download prepare svhn",
+         lambda e: _cli("repdef_jax.download", "prepare", "svhn"), error=None,
+         check=lambda p: _cli_error(p, r"invalid choice: 'svhn' \(choose "
+                                    r"from 'cifar10', 'cifar100'")),
 ]
 
 

@@ -1,14 +1,18 @@
 r"""The main job: one attack on real images, with and without one defense.
 
-  python -m experiments.attack --workdir=runs/attack
+  python -m experiments.attack --workdir=runs/attack    # or: repdef-attack
   python -m experiments.attack --dataset=mnist --attack=gs --defense=compression \
       --strength=90 --num_images=8 --workdir=runs/attack_gs
+  python -m experiments.attack --images=my_photos/ --num_images=5 \
+      --workdir=runs/mine
 
 Defaults: DLG (300 x 20 L-BFGS iterations) on DLG's LeNet with U(-0.5, 0.5)
 weights, three CIFAR-10 test images, Soteria pruning 60 % of the
 representation. Expected on a 2-core CPU (~90 s): undefended DLG reconstructs
 most images (clamped MSE ~1e-4, PSNR ~40 dB) and fails against Soteria
-(clamped MSE > 0.1). Outputs and schema: docs/main_job.md.
+(clamped MSE > 0.1). Images: a prepared TFDS copy, else a download, else
+the 256-image sample shipped in the package (docs/data.md). Outputs and
+schema: docs/main_job.md.
 """
 
 import ml_collections
@@ -23,4 +27,5 @@ def get_config() -> ml_collections.ConfigDict:
       {k: v for k, v in main_job.DEFAULT_CONFIG.items() if v is not None})
   c.iterations = config_dict.placeholder(int)  # None: the attack's default.
   c.data_dir = config_dict.placeholder(str)
+  c.images = config_dict.placeholder(str)  # Own images: folder or .npz.
   return c

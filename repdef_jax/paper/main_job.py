@@ -1,18 +1,21 @@
 """The main job: attack real images with and without a defense.
 
-For each of ``num_images`` test images it attacks the one-image gradient at a
-fixed random initialisation twice, as shared without the defense and after
-it, and writes ``results.json`` (schema in ``docs/main_job.md``), one
-``recon_<index>.npz`` per image and ``reconstructions.png``. Resumable: a
-rerun with the same config skips finished images; another config in the same
-workdir is refused. Metrics are in [0, 1] pixel space
-(:mod:`repdef_jax.metrics`).
+For each of ``num_images`` test images (or the user's own, ``images=PATH``)
+it attacks the one-image gradient at a fixed random initialisation twice, as
+shared without the defense and after it, and writes ``results.json`` (schema
+in ``docs/main_job.md``), one ``recon_<index>.npz`` per image and
+``reconstructions.png``. Images come from :func:`repdef_jax.data.load` with
+the embedded sample as the last resort; ``results.json`` records which source.
+Resumable: a rerun with the same config skips finished images; another config
+or data source in the same workdir is refused. Metrics are in [0, 1] pixel
+space (:mod:`repdef_jax.metrics`).
 """
 
 from __future__ import annotations
 
 import io
 import os
+import time
 from typing import Any
 
 import jax
@@ -28,7 +31,11 @@ from repdef_jax import storage
 from repdef_jax.paper import harness
 
 DATASETS = ("mnist", "cifar10")
-POOL_SIZE = 500  # Images are drawn from the first POOL_SIZE test images.
+# Images are drawn from the first POOL_SIZE test images: all of them are in
+# the embedded sample, so a seed picks the same images from a prepared TFDS
+# copy and from the sample.
+POOL_SIZE = data.SAMPLE_SIZE
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 RESULT_FILE = "results.json"
 PLOT_FILE = "reconstructions.png"
 
@@ -44,6 +51,7 @@ DEFAULT_CONFIG = {
     "seed": 0,
     "iterations": None,
     "data_dir": None,
+    "images": None,
 }
 # Metrics kept per attack run (the rest of harness.attack_gradient's output
 # belongs to the sweeps).
@@ -89,6 +97,11 @@ def validate_config(config: Any) -> dict:
     raise ValueError("iterations must be >= 1.")
   config["strength"] = float(config["strength"])
   config["data_dir"] = config["data_dir"] or None
+  config["images"] = config["images"] or None
+  if config["images"] is not None and not os.path.exists(config["images"]):
+    raise ValueError(f"images={config['images']!r} does not exist; pass a "
+                     "folder of PNG/JPEG files or an .npz with 'x' (and "
+                     "optionally 'y').")
   return config
 
 
@@ -159,26 +172,136 @@ def _fmt(v: Any) -> str:
   return f"{v:9.3g}" if isinstance(v, float) else f"{v!s:>9}"
 
 
+def load_own_images(path: str, image_shape: tuple[int, int, int]
+                    ) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
+  """The user's images, fitted to the model's input.
+
+  ``path`` is a folder of PNG/JPEG files (sorted by name) or an ``.npz``
+  holding ``x`` (``[N, h, w]`` or ``[N, h, w, c]``, uint8 or floats in
+  [0, 1]) and optionally integer labels ``y``. An image that is not already
+  ``image_shape`` is centre-cropped to a square (its shorter side), resized
+  with Pillow (area averaging, ``BOX``, when shrinking; ``BILINEAR`` when
+  enlarging) and converted to grayscale (Pillow's ``L``: ITU-R 601-2 luma)
+  for a 1-channel model or RGB for a 3-channel one.
+
+  Returns:
+    ``(x float32 [N, H, W, C] in [0, 1], y int32 [N] or None, names)``;
+    names are file names, or ``x[i]`` for an ``.npz``.
+
+  Raises:
+    ValueError: no images, an unreadable file, or bad ``x`` / ``y``.
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  labels = None
+  if os.path.isdir(path):
+    names = sorted(f for f in os.listdir(path)
+                   if f.lower().endswith(IMAGE_SUFFIXES))
+    if not names:
+      raise ValueError(f"images={path!r} holds no {'/'.join(IMAGE_SUFFIXES)} "
+                       "files.")
+    raw = []
+    for name in names:
+      try:
+        with Image.open(os.path.join(path, name)) as img:
+          img.load()
+          raw.append(img.copy())
+      except OSError as error:
+        raise ValueError(f"images={path!r}: cannot read {name} "
+                         f"({error}).") from None
+  else:
+    try:
+      with np.load(path, allow_pickle=False) as z:
+        x = np.asarray(z["x"])
+        labels = np.asarray(z["y"]) if "y" in z.files else None
+    except (OSError, ValueError, KeyError) as error:
+      raise ValueError(f"images={path!r} must be a folder of images or an "
+                       f".npz holding 'x' (optionally 'y'): {error}") from None
+    if x.ndim == 3:
+      x = x[..., None]
+    if (x.ndim != 4 or x.shape[0] < 1 or x.shape[-1] not in (1, 3, 4) or
+        not (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating))):
+      raise ValueError(f"images={path!r}: x must be uint8 or float images "
+                       f"[N, h, w(, 1|3|4)], got {x.dtype}{list(x.shape)}.")
+    if x.dtype != np.uint8:
+      if not np.all(np.isfinite(x)) or x.min() < 0 or x.max() > 1:
+        raise ValueError(f"images={path!r}: float x must lie in [0, 1].")
+      x = np.round(x * 255).astype(np.uint8)
+    names = [f"x[{i}]" for i in range(len(x))]
+    raw = [Image.fromarray(a[..., 0] if a.shape[-1] == 1 else a) for a in x]
+    if labels is not None and (labels.shape != (len(x),) or
+                               not np.issubdtype(labels.dtype, np.integer)):
+      raise ValueError(f"images={path!r}: y must be {len(x)} integer labels, "
+                       f"got {labels.dtype}{list(labels.shape)}.")
+  h, w, c = image_shape
+  out = np.empty((len(raw), h, w, c), np.float32)
+  for i, img in enumerate(raw):
+    img = img.convert("L" if c == 1 else "RGB")
+    if img.size != (w, h):
+      side = min(img.size)
+      left, top = (img.size[0] - side) // 2, (img.size[1] - side) // 2
+      img = img.crop((left, top, left + side, top + side))
+      img = img.resize((w, h), Image.Resampling.BOX if side >= max(h, w)
+                       else Image.Resampling.BILINEAR)
+    out[i] = np.asarray(img, np.float32).reshape(h, w, c) / 255.0
+  return out, None if labels is None else labels.astype(np.int32), names
+
+
 def _print_header(config: dict) -> None:
   print(f"{config['attack']} on {config['model']}/{config['dataset']}, "
         f"defense {config['defense']}({config['strength']:g}); metrics in "
         f"{metrics.PIXEL_SPACE}")
   print(f"{'index':>6} {'label':>5} | {'mse':>9} {'psnr':>9} {'ssim':>9} "
         f"{'div':>5} | {'def mse':>9} {'def psnr':>9} {'def ssim':>9} "
-        f"{'div':>5} {'pruned':>6} | {'sec':>5}")
+        f"{'div':>5} {'pruned':>6} | {'sec':>5} {'eta':>5}")
 
 
-def _print_row(entry: dict) -> None:
+def _print_row(entry: dict, eta: str) -> None:
   head = f"{entry['index']:6d} {entry['label']:5d} |"
+  tail = f" {entry['file']}" if "file" in entry else ""
   if "error" in entry:
-    print(f"{head} {entry['error']}")
+    print(f"{head} {entry['error']}{tail}")
     return
   u, d = entry["undefended"], entry["defended"]
   print(f"{head} {_fmt(u['mse'])} {_fmt(u['psnr'])} {_fmt(u['ssim'])} "
         f"{u['diverged']!s:>5} | {_fmt(d['mse'])} {_fmt(d['psnr'])} "
         f"{_fmt(d['ssim'])} {d['diverged']!s:>5} "
         f"{d['pruned_fraction_effective']:6.2f} | "
-        f"{u['seconds'] + d['seconds']:5.1f}")
+        f"{u['seconds'] + d['seconds']:5.1f} {eta:>5}{tail}", flush=True)
+
+
+def _images(config: dict, model: models.Model, params: Any,
+            keys: harness.SweepKeys) -> tuple[np.ndarray, np.ndarray,
+                                              list[int], str, str, dict]:
+  """``(x [N, H, W, C] in [0, 1], labels, chosen indices, source kind,
+  one-line description, extra fields per index)``."""
+  if config["images"] is not None:
+    x, labels, names = load_own_images(config["images"], model.input_shape)
+    given = labels is not None
+    if not given:  # The class the model predicts: the label a client uses.
+      labels = np.asarray(jnp.argmax(model.apply(params, jnp.asarray(x)),
+                                     axis=-1), np.int32)
+    elif labels.min() < 0 or labels.max() >= model.num_classes:
+      raise ValueError(f"images={config['images']!r}: labels must lie in "
+                       f"[0, {model.num_classes}).")
+    chosen = list(range(min(config["num_images"], len(x))))
+    extra = {i: {"file": names[i],
+                 "label_source": "given" if given else "predicted"}
+             for i in chosen}
+    line = (f"{len(chosen)} of {len(x)} own images from {config['images']} "
+            f"(centre crop, Pillow resize to {model.input_shape}; labels "
+            f"{'given' if given else 'predicted by the model'})")
+    return x, labels, chosen, "images", line, extra
+  images, labels, source = data.load_with_source(
+      config["dataset"], config["split"], config["data_dir"],
+      max_examples=POOL_SIZE, sample=config["data_dir"] is None)
+  if len(images) < config["num_images"]:
+    raise ValueError(f"only {len(images)} images available, asked for "
+                     f"{config['num_images']}.")
+  order = np.asarray(jax.random.permutation(keys.data, len(images)))
+  chosen = [int(i) for i in order[:config["num_images"]]]
+  return (data.to_float(np.asarray(images)), np.asarray(labels, np.int32),
+          chosen, source.kind, source.detail, {})
 
 
 def run(config: Any, workdir: str, verbose: bool = True) -> dict:
@@ -187,72 +310,75 @@ def run(config: Any, workdir: str, verbose: bool = True) -> dict:
   Args:
     config: overrides of :data:`DEFAULT_CONFIG` (dict or ConfigDict).
     workdir: output folder (created).
-    verbose: print the table.
+    verbose: print the data source, the table and an ETA.
 
   Returns:
     The results dict as written to ``results.json``.
 
   Raises:
-    ValueError: bad config (lists valid names), or a workdir holding results
-      of a different config. An image whose attack raises ValueError or
-      FloatingPointError is recorded as an ``error`` entry instead.
+    ValueError: bad config (lists valid names), bad own images, or a workdir
+      holding results of a different config or data source. An image whose
+      attack raises ValueError or FloatingPointError is recorded as an
+      ``error`` entry instead.
+    repdef_jax.data.DataNotFoundError: no data at all (not even the
+      embedded sample, e.g. a broken installation).
   """
   config = validate_config(config)
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, RESULT_FILE)
-  results = {"config": harness.jsonable(config),
-             "pixel_space": metrics.PIXEL_SPACE, "images": []}
-  old = storage.read_json(path)
-  if old is not None:
-    if old.get("config") != results["config"]:
-      raise ValueError(
-          f"{path} holds results of a different config ({old.get('config')});"
-          f" this run's config is {results['config']}. Use another --workdir.")
-    results = old
-
-  images, labels = data.load(config["dataset"], config["split"],
-                             config["data_dir"], max_examples=POOL_SIZE)
-  if len(images) < config["num_images"]:
-    raise ValueError(f"only {len(images)} images available, asked for "
-                     f"{config['num_images']}.")
   model, defense = _build(config)
   keys = harness.sweep_keys(config["seed"])
   params = model.init(keys.init)
-  order = np.asarray(jax.random.permutation(keys.data, len(images)))
-  chosen = [int(i) for i in order[:config["num_images"]]]
+  x_all, labels, chosen, kind, line, extra = _images(config, model, params,
+                                                     keys)
+  if verbose:
+    print(f"data: {line}", flush=True)
+
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, RESULT_FILE)
+  results = {"config": harness.jsonable(config), "data_source": kind,
+             "pixel_space": metrics.PIXEL_SPACE, "images": []}
+  old = storage.read_json(path)
+  if old is not None:
+    for field in ("config", "data_source"):
+      if old.get(field) != results[field]:
+        raise ValueError(
+            f"{path} holds results of a different {field} "
+            f"({old.get(field)}); this run's is {results[field]}. Use another"
+            " --workdir.")
+    results = old
 
   done = {e["index"]: e for e in results["images"]}
-  new = 0
+  durations = []  # Of images computed now; the first includes compilation.
   if verbose:
     _print_header(config)
-  for idx in chosen:
-    x = jnp.asarray(data.to_float(np.asarray(images[idx:idx + 1])))
+  for n, idx in enumerate(chosen):
+    x = jnp.asarray(x_all[idx:idx + 1])
     y = jnp.asarray(labels[idx:idx + 1], jnp.int32)
     if idx not in done:
       recs = None
+      start = time.perf_counter()
       try:
         und, dfd, *recs = attack_image(
             model, params, config["attack"], defense, x, y,
             jax.random.fold_in(keys.attack, idx),
             jax.random.fold_in(keys.defense, idx), config["iterations"])
-        entry = {"index": idx, "label": int(labels[idx]), "undefended": und,
-                 "defended": dfd}
+        entry = {"index": idx, "label": int(labels[idx]), **extra.get(idx, {}),
+                 "undefended": und, "defended": dfd}
       except (ValueError, FloatingPointError) as e:
-        entry = {"index": idx, "label": int(labels[idx]),
+        entry = {"index": idx, "label": int(labels[idx]), **extra.get(idx, {}),
                  "error": f"{type(e).__name__}: {e}"}
       results["images"].append(harness.jsonable(entry))
       done[idx] = results["images"][-1]
-      new += 1
       storage.write_json(path, results)  # results.json first: the record.
       if recs:
         _save_recon(workdir, idx, np.asarray(x[0]), *recs)
+      durations.append(time.perf_counter() - start)
     if verbose:
-      _print_row(done[idx])
+      per_image = np.mean(durations[1:] or durations) if durations else 0.0
+      _print_row(done[idx], f"{per_image * (len(chosen) - n - 1):.0f}s")
   png = os.path.join(workdir, PLOT_FILE)
   finished = [i for i in chosen if i in done]
-  if finished and (new or not os.path.exists(png)):
-    columns = [_load_recon(workdir, i, data.to_float(np.asarray(images[i])))
-               for i in finished]
+  if finished and (durations or not os.path.exists(png)):
+    columns = [_load_recon(workdir, i, x_all[i]) for i in finished]
     harness.save_image_grid(png, [list(r) for r in zip(*columns)],
                             ["original", "undefended", "defended"])
   return results

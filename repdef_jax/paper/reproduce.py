@@ -10,6 +10,7 @@ recorded and the others still run. The report is
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -26,9 +27,21 @@ PART_ORDER = ("tradeoff", "visual", "repinfer", "convergence", "certified",
 # Rough quick-preset wall times on an idle 2-core CPU (seconds), for the ETA.
 QUICK_ESTIMATE = {"tradeoff": 930, "visual": 200, "repinfer": 180,
                   "convergence": 60, "certified": 120, "adaptive": 300}
-# The checkout whose experiments/ package runs the parts.
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+
+
+def _experiments_root() -> str:
+  """The folder holding the ``experiments`` package that runs the parts: the
+  checkout, or site-packages when installed (the parts' ``--config`` paths
+  are relative to it)."""
+  spec = importlib.util.find_spec("experiments")
+  if spec is not None and spec.submodule_search_locations:
+    return os.path.dirname(os.path.abspath(
+        list(spec.submodule_search_locations)[0]))
+  return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+
+
+ROOT = _experiments_root()
 
 
 def part_args(part: str, preset: str, workdir: str,
