@@ -1,21 +1,32 @@
-"""Executes every Colab notebook in its tiny configuration with nbclient.
+"""The Colab notebooks: clean, installable as-is, and executed in CI.
 
-The notebooks read ``REPDEF_JAX_NOTEBOOK_TINY=1`` from the environment and
-shrink their sizes; ``TFDS_DATA_DIR`` is unset so they use synthetic images
-and ``tfds.testing.mock_data``. The kernel is the 'python3' kernelspec,
-which jupyter_client starts with this process's interpreter
-(``sys.executable``, the venv's python); the notebooks print it and we check.
+Execution runs against the package installed from a wheel built from this
+checkout, not against the checkout itself, so packaging breakage (missing
+package data such as the embedded sample, a subpackage left out of
+``setup.py``) fails here. The wheel is built offline (``pip wheel --no-deps
+--no-build-isolation``) and installed into a fresh venv whose ``.pth`` line
+lets it import this environment's packages (the dependencies) after its own.
+Each notebook then runs in its tiny configuration (``REPDEF_JAX_NOTEBOOK_TINY
+=1``) with nbclient under that venv's interpreter (the kernel is that
+interpreter), offline, with an empty ``TFDS_DATA_DIR``: images come from the
+embedded sample.
 """
 
 import glob
 import os
+import shutil
+import subprocess
 import sys
+import sysconfig
+import time
+import zipfile
 
 import nbformat
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "colab", "*.ipynb")))
+PLACEHOLDER = "https://github.com/YOUR_GITHUB_USER/repdef_jax"
 
 
 def test_there_are_three_notebooks():
@@ -25,34 +36,137 @@ def test_there_are_three_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_is_clean_and_has_badge(path):
+def test_notebook_is_clean_and_self_describing(path):
   nb = nbformat.read(path, as_version=4)
-  name = os.path.basename(path)
-  assert ("https://colab.research.google.com/github/repdef-jax/repdef_jax/"
-          f"blob/main/colab/{name}") in nb.cells[0].source
+  intro = nb.cells[0].source
+  assert "**Data.**" in intro and "**Time.**" in intro and "REPO_URL" in intro
   code = [c for c in nb.cells if c.cell_type == "code"]
   assert all(not c.outputs and c.execution_count is None for c in code)
-  assert "repdef_jax@v0.1.0" in code[0].source and "except ImportError" in (
-      code[0].source)
-  assert "jax.devices()" in code[1].source
+  install = code[0].source
+  assert f'\nREPO_URL = "{PLACEHOLDER}"' in install
+  assert "device_summary()" in code[1].source
   assert "# @param" in code[2].source and "is_tiny()" in code[2].source
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_executes_tiny(path, tmp_path, monkeypatch):
-  from nbclient import NotebookClient  # pylint: disable=g-import-not-at-top
-  monkeypatch.setenv("REPDEF_JAX_NOTEBOOK_TINY", "1")
-  monkeypatch.setenv("REPDEF_JAX_CACHE", str(tmp_path / "cache"))
-  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
-  nb = nbformat.read(path, as_version=4)
-  for cell in nb.cells:  # keep the run's files in tmp_path
-    cell.source = cell.source.replace("/tmp/repdef_jax_tradeoff",
-                                      str(tmp_path / "tradeoff"))
-  client = NotebookClient(nb, kernel_name="python3", timeout=600,
-                          resources={"metadata": {"path": str(tmp_path)}})
-  client.execute()
-  text = "\n".join(o.get("text", "") for c in nb.cells
-                   if c.cell_type == "code" for o in c.outputs)
-  assert f"python: {sys.executable}" in text
-  assert "JAX devices:" in text
+def _install_cell(cwd, repo_url=None, installed=False):
+  """Runs a notebook's first cell with pip and the import check faked."""
+  source = nbformat.read(NOTEBOOKS[0], as_version=4).cells[1].source
+  if repo_url:
+    source = source.replace(PLACEHOLDER, repo_url)
+  calls = []
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  old_cwd, old_path = os.getcwd(), list(sys.path)
+  fake_spec = lambda name: object() if installed else None
+  real = importlib.util.find_spec, subprocess.check_call
+  importlib.util.find_spec, subprocess.check_call = fake_spec, calls.append
+  try:
+    os.chdir(cwd)
+    exec(compile(source, "cell", "exec"), {})  # pylint: disable=exec-used
+  finally:
+    importlib.util.find_spec, subprocess.check_call = real
+    os.chdir(old_cwd)
+    sys.path[:] = old_path
+  return calls
+
+
+def test_install_cell_uses_the_checkout_the_url_or_nothing(tmp_path):
+  [call] = _install_cell(os.path.join(ROOT, "colab"))
+  assert call[-3:] == ["-q", "-e", ROOT]
+  assert not _install_cell(tmp_path, installed=True)
+  with pytest.raises(SystemExit, match="Set REPO_URL"):
+    _install_cell(tmp_path)
+  [call] = _install_cell(tmp_path, repo_url="https://example.org/me/rj")
+  assert call[-1] == "repdef_jax @ git+https://example.org/me/rj@main"
+
+
+def _wheel_venv(tmp):
+  """Builds the wheel and a venv holding it; returns (python, seconds)."""
+  start = time.perf_counter()
+  src = tmp / "src"
+  ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+  os.makedirs(src)
+  for item in ("setup.py", "setup.cfg", "README.md"):
+    shutil.copy(os.path.join(ROOT, item), src / item)
+  for package in ("repdef_jax", "experiments"):
+    shutil.copytree(os.path.join(ROOT, package), src / package, ignore=ignore)
+  subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                  "--no-build-isolation", "-q", "-w", str(tmp / "dist"),
+                  str(src)], check=True, capture_output=True)
+  [wheel] = glob.glob(str(tmp / "dist" / "*.whl"))
+  with zipfile.ZipFile(wheel) as z:
+    names = set(z.namelist())
+  for needed in ("repdef_jax/sample_data/cifar10.npz",
+                 "repdef_jax/sample_data/mnist.npz",
+                 "repdef_jax/sample_data/README.md",
+                 "repdef_jax/paper/main_job.py", "repdef_jax/download.py",
+                 "experiments/configs/attack.py", "experiments/console.py"):
+    assert needed in names, f"{needed} missing from the wheel"
+  venv = tmp / "venv"
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
+                 check=True)
+  python = str(venv / "bin" / "python")
+  site = subprocess.run(
+      [python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+       "['purelib'])"], check=True, capture_output=True, text=True
+  ).stdout.strip()
+  with open(os.path.join(site, "zz_dependencies.pth"), "w") as f:
+    f.write(sysconfig.get_paths()["purelib"] + "\n")
+  subprocess.run([sys.executable, "-m", "pip", "--python", python, "install",
+                  "--no-deps", "--no-index", "-q", wheel], check=True,
+                 capture_output=True)
+  return python, time.perf_counter() - start
+
+
+_RUN = """
+import sys, nbformat
+from nbclient import NotebookClient
+path, out, cwd = sys.argv[1:]
+nb = nbformat.read(path, as_version=4)
+for cell in nb.cells:  # keep the run's files in cwd
+  cell.source = cell.source.replace("/tmp/repdef_jax_tradeoff",
+                                    cwd + "/tradeoff")
+NotebookClient(nb, kernel_name="python3", timeout=600,
+               resources={"metadata": {"path": cwd}}).execute()
+nbformat.write(nb, out)
+"""
+
+
+def test_notebooks_execute_tiny_from_the_wheel(tmp_path):
+  python, build_seconds = _wheel_venv(tmp_path)
+  venv_site = os.path.dirname(os.path.dirname(python))
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("REPDEF_JAX", "PYTHON"))}
+  os.makedirs(tmp_path / "empty_tfds")
+  env.update(REPDEF_JAX_NOTEBOOK_TINY="1", REPDEF_JAX_OFFLINE="1",
+             REPDEF_JAX_CACHE=str(tmp_path / "cache"), JAX_PLATFORMS="cpu",
+             TFDS_DATA_DIR=str(tmp_path / "empty_tfds"))
+  # Console scripts and configs work from outside the checkout.
+  helped = subprocess.run([os.path.join(venv_site, "bin", "repdef-attack"),
+                           "--help"], cwd=tmp_path, env=env, check=False,
+                          capture_output=True, text=True, timeout=300)
+  assert "--images" in helped.stdout, helped.stderr[-2000:]  # absl: exit 1
+  # The default --config is the installed file (absl wraps long lines).
+  assert "site-packages/experiments/configs/attack.py" in "".join(
+      helped.stdout.split())
+  timings = [f"wheel + venv {build_seconds:.0f}s"]
+  for path in NOTEBOOKS:
+    name = os.path.basename(path)
+    start = time.perf_counter()
+    out = tmp_path / name
+    proc = subprocess.run([python, "-c", _RUN, path, str(out), str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+    timings.append(f"{name} {time.perf_counter() - start:.0f}s")
+    nb = nbformat.read(out, as_version=4)
+    text = "\n".join(o.get("text", "") for c in nb.cells
+                     if c.cell_type == "code" for o in c.outputs)
+    assert "repdef_jax is installed" in text
+    assert f"python: {python}" in text
+    assert f"repdef_jax: {venv_site}" in text  # the wheel, not the checkout
+    assert "JAX devices: jax " in text and "no GPU: running on the CPU" in text
+    if name.startswith("02"):
+      assert "data: sample: the embedded sample" in text
+    else:
+      assert "images: sample" in text
+  print("; ".join(timings))

@@ -2,21 +2,25 @@
 
 * :func:`is_tiny`: whether CI asked for a tiny run (environment variable
   ``REPDEF_JAX_NOTEBOOK_TINY=1``); notebooks shrink their size parameters.
+* :func:`device_summary`: which accelerator JAX uses (one line).
 * :func:`attack_vs_defense`: one image, one attack, several defenses:
   reconstructions and metrics (notebook 1 and 3).
 * :func:`federated_tradeoff`: a small trade-off sweep through
-  :func:`repdef_jax.paper.tradeoff.run` (notebook 2); real data when
-  ``TFDS_DATA_DIR`` is set, otherwise ``tfds.testing.mock_data``.
+  :func:`repdef_jax.paper.tradeoff.run` (notebook 2).
 
-Images come from :func:`repdef_jax.harness.load_images` (real data when
-``TFDS_DATA_DIR`` is set, synthetic otherwise).
+Data: real images through :mod:`repdef_jax.data` (a prepared TFDS copy, else
+a download of the original archives), the embedded sample when neither is
+possible (offline); the notebooks print which.
 """
 
 from __future__ import annotations
 
-import contextlib
+import math
 import os
 from typing import Any, Sequence
+
+import jax
+import numpy as np
 
 import ml_collections
 
@@ -34,6 +38,21 @@ def is_tiny() -> bool:
   return os.environ.get(TINY_ENV, "") not in ("", "0")
 
 
+def device_summary() -> str:
+  """One line: JAX's version, backend and devices, and whether a GPU is used.
+
+  JAX runs on the first backend it finds (GPU or TPU when its plugin is
+  installed, as on Colab), so nothing else needs to be set.
+  """
+  devices = jax.devices()
+  kind = devices[0].platform
+  names = ", ".join(sorted({d.device_kind for d in devices}))
+  use = (f"{kind.upper()} present, JAX uses it" if kind != "cpu" else
+         "no GPU: running on the CPU (Colab: Runtime > Change runtime type "
+         "> GPU)")
+  return f"jax {jax.__version__}, {len(devices)} x {names}: {use}"
+
+
 def attack_vs_defense(dataset: str = "cifar10", model_name: str = "lenet",
                       attack: str = "gs",
                       settings: Sequence[tuple[str, float]] = (
@@ -46,7 +65,8 @@ def attack_vs_defense(dataset: str = "cifar10", model_name: str = "lenet",
   """Attacks one image's gradient under each (defense, strength) setting.
 
   Args:
-    dataset: 'mnist' or 'cifar10' (shape; real images if TFDS_DATA_DIR).
+    dataset: 'mnist' or 'cifar10' (the first test image; see the module
+      docstring for where it comes from).
     model_name: a model in :data:`repdef_jax.models.MODEL_NAMES`.
     attack: a registered attack.
     settings: ``(defense name, strength)`` pairs; a defense name may also be
@@ -99,17 +119,6 @@ def show_rows(result: dict[str, Any], path: str | None = None) -> None:
   plt.show()
 
 
-@contextlib.contextmanager
-def data_context(num_examples: int = 120):
-  """Real TFDS data when ``TFDS_DATA_DIR`` is set, else tfds mock data."""
-  if os.environ.get("TFDS_DATA_DIR"):
-    yield os.environ["TFDS_DATA_DIR"]
-    return
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  with tfds.testing.mock_data(num_examples=num_examples):
-    yield "/tmp/repdef_jax_mock_data"
-
-
 def federated_tradeoff(workdir: str, *, rounds: int = 10,
                        num_clients: int = 20, num_images: int = 1,
                        attack: str = "gs", attack_iterations: int = 200,
@@ -133,39 +142,61 @@ def federated_tradeoff(workdir: str, *, rounds: int = 10,
     dp_gaussian: Gaussian noise scales.
     model: model name (the default, the leakage CNN, is one both attacks
       reconstruct exactly when undefended).
-    tiny: CI size (logistic regression, 1 round, 4 clients, one strength
-      of Soteria and compression).
+    tiny: CI size (logistic regression, at most 2 rounds, 4 clients, one
+      strength of Soteria and compression).
+
+  Real MNIST when it can be read or downloaded; otherwise the embedded
+  sample (256 training and 256 test images), with fewer samples per client
+  so that the non-IID split fits, said in the printed data line.
 
   Returns:
     The trade-off result dict (see :mod:`repdef_jax.paper.tradeoff`).
   """
   from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.datasets = ("mnist",)
-  c.attacks = (attack,)
-  c.model = "logreg" if tiny else model
-  c.model_init = "default"
+  c = tradeoff.default_config()
+  c.seeds = (0,)
+  attacks = (attack, f"{attack}_mask")
+  train = dict(rounds=min(rounds, 2)) if tiny else dict(
+      num_clients=num_clients, samples_per_class=20, rounds=rounds,
+      clients_per_round=max(1, num_clients // 2), client_lr=0.05,
+      max_train_examples=5000, max_test_examples=1000, log_every=1)
+  c.panels = ml_collections.ConfigDict({
+      "notebook": tradeoff.panel("mnist", "logreg" if tiny else model,
+                                 attacks, **train)})
   sweep = {"soteria": tuple(soteria), "compression": tuple(compression),
            "dp_gaussian": tuple(dp_gaussian)}
   if tiny:  # one point per defense, no DP: the fewest compilations
     sweep = {"soteria": (50.0,), "compression": (50.0,)}
   c.defenses = ml_collections.ConfigDict(sweep)
   c.num_images = num_images
-  c.attack_iterations = ml_collections.ConfigDict({attack: attack_iterations})
-  c.gs_restarts = 1
-  c.give_labels = True
+  c.attack_budgets = ml_collections.ConfigDict({
+      "dlg": {"outer_steps": attack_iterations},
+      "gs": {"iterations": attack_iterations, "restarts": 1}})
   c.accuracy_window = 1 if tiny else max(1, rounds // 3)
-  c.equal_accuracy_tol = 0.01
-  c.unrecognisable_metric = "ssim"
-  c.unrecognisable_threshold = 0.2
-  c.train = (settings.federated_setting("tiny") if tiny else
-             settings.federated_setting(
-                 "paper", num_clients=num_clients, samples_per_class=20,
-                 rounds=rounds, clients_per_round=max(1, num_clients // 2),
-                 client_lr=0.05, max_train_examples=5000,
-                 max_test_examples=1000, log_every=1))
-  with data_context() as data_dir:
-    c.data_dir = data_dir
+  c.update_attack.cells = ml_collections.ConfigDict({})  # round 0 only
+  if tiny:
+    c.train = settings.federated_setting("tiny")
+  else:
+    c.train.log_every = 1
+  c.data_dir = ""  # TFDS_DATA_DIR or tfds's default folder, then download.
+  with data_lib.allow_sample():
+    _, labels, source = data_lib.load_with_source("mnist", "train")
+    line = f"data: {source}"
+    if source.kind == "sample" and not tiny:
+      clients_per_class = math.ceil(num_clients * 2 / 10)
+      spc = c.panels.notebook.train.samples_per_class = int(
+          min(c.panels.notebook.train.samples_per_class,
+              np.bincount(labels).min() // clients_per_class))
+      line += f"; {spc} samples per class and client"
+    print(line, flush=True)
     return tradeoff.run(c, workdir)
 
+
+def print_tradeoff(result: dict[str, Any]) -> None:
+  """Prints a trade-off result: its tables, then every claim's verdict."""
+  from repdef_jax.paper import report  # pylint: disable=g-import-not-at-top
+  lines = []
+  for t in result["tables"]:
+    lines += [t["title"]] + report.table(t["header"], t["rows"])
+  lines += report.claims_table(result["claims"])
+  print("\n".join(lines))
