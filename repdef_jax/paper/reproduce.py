@@ -21,12 +21,15 @@ from typing import Any
 from repdef_jax import storage
 from repdef_jax.paper import report
 
-PRESETS = ("quick", "full", "tiny")
+PRESETS = ("quick", "medium", "full", "tiny")
 PART_ORDER = ("tradeoff", "visual", "repinfer", "convergence", "certified",
               "adaptive")
-# Rough quick-preset wall times on an idle 2-core CPU (seconds), for the ETA.
-QUICK_ESTIMATE = {"tradeoff": 930, "visual": 200, "repinfer": 180,
-                  "convergence": 60, "certified": 120, "adaptive": 300}
+# Wall times measured on an idle 2-core CPU (seconds), for the ETA; a
+# preset without measurements is not estimated.
+MEASURED_SECONDS = {
+    "quick": {"tradeoff": 930, "visual": 200, "repinfer": 180,
+              "convergence": 60, "certified": 120, "adaptive": 300},
+}
 
 
 def _experiments_root() -> str:
@@ -87,11 +90,12 @@ def run_parts(preset: str, workdir: str, data_dir: str | None,
       print(f"[reproduce] {i + 1}/{len(todo)} {part}: finished earlier "
             f"({done['seconds']:.0f}s), reused", flush=True)
       continue
-    left = sum(QUICK_ESTIMATE[p] for p in todo[i:])
-    scale = 1.0 if preset == "quick" else (0.1 if preset == "tiny" else 20.0)
+    known = MEASURED_SECONDS.get(preset, {})
+    eta = (f"ETA ~{sum(known[p] for p in todo[i:]):.0f}s (from an earlier "
+           "run)" if all(p in known for p in todo[i:]) else "ETA unknown")
     print(f"[reproduce] {i + 1}/{len(todo)} {part}: {shown}\n"
-          f"[reproduce] elapsed {time.perf_counter() - start:.0f}s, "
-          f"ETA ~{left * scale:.0f}s (estimate)", flush=True)
+          f"[reproduce] elapsed {time.perf_counter() - start:.0f}s, {eta}",
+          flush=True)
     os.makedirs(sub, exist_ok=True)
     t0 = time.perf_counter()
     rc = subprocess.call(cmd, cwd=ROOT)
