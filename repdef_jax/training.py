@@ -34,6 +34,7 @@ workdir must be on a file system every process sees.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -291,6 +292,49 @@ def checkpoint_manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
       os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)), options=options)
 
 
+class _Saver:
+  """Saves through ``manager``; with one process from a worker thread.
+
+  orbax's asynchronous save still blocks for its synchronous part (folders,
+  metadata, device-to-host copies); in a one-process run a worker thread
+  takes that too, so the round loop does not wait. Saves stay in order (a
+  save waits for the previous one to be handed over). Several processes
+  save from the main thread: orbax synchronises them there.
+  """
+
+  def __init__(self, manager: ocp.CheckpointManager):
+    self.manager = manager
+    self._pool = (concurrent.futures.ThreadPoolExecutor(1)
+                  if jax.process_count() == 1 else None)
+    self._pending = None
+
+  def save(self, step: int, state: fedavg.ServerState) -> None:
+    args = ocp.args.StandardSave(state)
+    if self._pool is None:
+      self.manager.save(step, args=args)
+      return
+    self._handed_over()
+    self._pending = self._pool.submit(self.manager.save, step, args=args)
+
+  def _handed_over(self) -> None:
+    if self._pending is not None:
+      pending, self._pending = self._pending, None
+      pending.result()  # Raises the save's error, if any.
+
+  def wait(self) -> None:
+    """Until every save is complete on disk."""
+    self._handed_over()
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
+      if self._pool is not None:
+        self._pool.shutdown()
+
+
 def restore_checkpoint(manager: ocp.CheckpointManager,
                        template: fedavg.ServerState,
                        step: Optional[int] = None
@@ -427,22 +471,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   state = fedavg.init(model, fcfg, keys.init)
   mesh = None
   if multi or config.num_devices != 1:
-    mesh = fedavg.make_mesh(None if multi or config.num_devices == 0
-                            else config.num_devices)
+    # 0 = all devices; several processes always use all (1 included).
+    mesh = fedavg.make_mesh(None if config.num_devices == 0 or (
+        multi and config.num_devices == 1) else config.num_devices)
     # Placed once on every device (of every process), not at every round.
     state, data, test, keys = _replicate((state, data, test, keys), mesh)
-  manager = checkpoint_manager(workdir, config.checkpoints_to_keep)
+  saver = _Saver(checkpoint_manager(workdir, config.checkpoints_to_keep))
   try:
-    return _train(config, workdir, manager, model, fcfg, state, data, test,
+    return _train(config, workdir, saver, model, fcfg, state, data, test,
                   keys, mesh, primary, resuming, clients.num_clients)
   finally:
-    manager.close()  # Waits for a save in flight.
+    saver.close()  # Waits for a save in flight.
 
 
-def _train(config, workdir, manager, model, fcfg, state, data, test, keys,
+def _train(config, workdir, saver, model, fcfg, state, data, test, keys,
            mesh, primary, resuming, num_clients):
   """The round loop of :func:`train_and_evaluate`."""
-  restored = restore_checkpoint(manager, state) if resuming else None
+  restored = restore_checkpoint(saver.manager, state) if resuming else None
   start = 0
   if restored is not None:
     state = restored
@@ -490,7 +535,7 @@ def _train(config, workdir, manager, model, fcfg, state, data, test, keys,
     if done_here == 1:
       t0 = time.time()  # Rates exclude the first round (compilation).
     if (r + 1) % config.checkpoint_every == 0 or r + 1 == config.rounds:
-      manager.save(r + 1, args=ocp.args.StandardSave(state))
+      saver.save(r + 1, state)
     if primary and ((r + 1) % config.log_every == 0 or r + 1 == config.rounds):
       rate = (done_here - 1) / max(time.time() - t0, 1e-9) if done_here > 1 \
           else 1.0 / max(time.time() - t_start, 1e-9)
@@ -500,7 +545,7 @@ def _train(config, workdir, manager, model, fcfg, state, data, test, keys,
              f"{rate:.2f} rounds/s ETA {eta:.0f}s")
       logger.info(msg)
       print(msg, flush=True)
-  manager.wait_until_finished()
+  saver.wait()
   distributed.barrier("repdef_jax.training: done")
   records = read_metrics(workdir)
   if primary and config.plot and records:
