@@ -279,7 +279,7 @@ def resolve_client_chunk(client_chunk: int) -> int:
   return client_chunk
 
 
-def checkpoint_manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
+def _checkpoint_manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
   """The orbax manager of a workdir's ``checkpoints/`` (async, last ``keep``).
 
   Unfinished checkpoints a kill left behind are removed when it starts. Call
@@ -335,7 +335,7 @@ class _Saver:
         self._pool.shutdown()
 
 
-def restore_checkpoint(manager: ocp.CheckpointManager,
+def _restore_checkpoint(manager: ocp.CheckpointManager,
                        template: fedavg.ServerState,
                        step: Optional[int] = None
                        ) -> Optional[fedavg.ServerState]:
@@ -476,7 +476,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
         multi and config.num_devices == 1) else config.num_devices)
     # Placed once on every device (of every process), not at every round.
     state, data, test, keys = _replicate((state, data, test, keys), mesh)
-  saver = _Saver(checkpoint_manager(workdir, config.checkpoints_to_keep))
+  saver = _Saver(_checkpoint_manager(workdir, config.checkpoints_to_keep))
   try:
     return _train(config, workdir, saver, model, fcfg, state, data, test,
                   keys, mesh, primary, resuming, clients.num_clients)
@@ -487,7 +487,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 def _train(config, workdir, saver, model, fcfg, state, data, test, keys,
            mesh, primary, resuming, num_clients):
   """The round loop of :func:`train_and_evaluate`."""
-  restored = restore_checkpoint(saver.manager, state) if resuming else None
+  restored = _restore_checkpoint(saver.manager, state) if resuming else None
   start = 0
   if restored is not None:
     state = restored

@@ -28,9 +28,10 @@ _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 @pytest.fixture(name="fl")
 def _flower():
-  return pytest.importorskip(
-      "repdef_jax.integrations.flower",
-      reason="Flower is not installed (pip install -e '.[flower]')")
+  pytest.importorskip(
+      "flwr", reason="Flower is not installed (pip install -e '.[flower]')")
+  from repdef_jax.integrations import flower  # pylint: disable=g-import-not-at-top
+  return flower
 
 
 def _clients(n, m, seed=0, shape=(28, 28, 1)):
