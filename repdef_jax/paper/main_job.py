@@ -13,6 +13,7 @@ space (:mod:`repdef_jax.metrics`).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import time
@@ -113,14 +114,31 @@ def _build(config: dict) -> tuple[models.Model, defenses.Defense]:
                                      model=model)
 
 
+def progress_every(attack: str, iterations: int | None,
+                   lines: int = 4) -> int:
+  """Attack iterations between progress lines: ``lines`` per run, 0 when
+  ``$REPDEF_JAX_QUIET`` is set or the attack reports no progress."""
+  attack_ = attacks.get_attack(attack)
+  config = {f.name: f.default for f in dataclasses.fields(attack_.config_cls)}
+  if ("progress_every" not in config or
+      os.environ.get(data.QUIET_ENV, "") not in ("", "0")):
+    return 0
+  config.update(harness.attack_overrides(attack_, iterations))
+  total = (config["outer_steps"] * config["inner_steps"]
+           if "outer_steps" in config else config["iterations"])
+  return max(1, total // lines)
+
+
 def attack_image(model: models.Model, params: Any, attack: str,
                  defense: defenses.Defense, x: jax.Array, y: jax.Array,
                  key_attack: jax.Array, key_defense: jax.Array,
-                 iterations: int | None) -> tuple[dict, dict, np.ndarray,
-                                                  np.ndarray]:
+                 iterations: int | None, every: int = 0
+                 ) -> tuple[dict, dict, np.ndarray, np.ndarray]:
   """Attacks one image's gradient without and with the defense.
 
-  Both runs start from the same dummy (same ``key_attack``).
+  Both runs start from the same dummy (same ``key_attack``); with
+  ``every > 0`` each prints a progress line every ``every`` iterations
+  (:mod:`repdef_jax.attacks.progress`).
 
   Returns:
     ``(undefended, defended, x_undefended, x_defended)``: metric dicts and
@@ -130,8 +148,9 @@ def attack_image(model: models.Model, params: Any, attack: str,
                                        key_defense)
   out, recs = [], []
   for g in (grads, shared):
-    m, x_rec = harness.attack_gradient(model, params, g, x, y, attack,
-                                       key_attack, iterations=iterations)
+    m, x_rec = harness.attack_gradient(
+        model, params, g, x, y, attack, key_attack, iterations=iterations,
+        overrides={"progress_every": every} if every else None)
     entry = {k: m[k] for k in _KEPT}
     entry["label_correct"] = m["label_accuracy"] == 1.0
     out.append(entry)
@@ -347,6 +366,8 @@ def run(config: Any, workdir: str, verbose: bool = True) -> dict:
     results = old
 
   done = {e["index"]: e for e in results["images"]}
+  every = progress_every(config["attack"], config["iterations"]) if (
+      verbose) else 0
   durations = []  # Of images computed now; the first includes compilation.
   if verbose:
     _print_header(config)
@@ -360,7 +381,8 @@ def run(config: Any, workdir: str, verbose: bool = True) -> dict:
         und, dfd, *recs = attack_image(
             model, params, config["attack"], defense, x, y,
             jax.random.fold_in(keys.attack, idx),
-            jax.random.fold_in(keys.defense, idx), config["iterations"])
+            jax.random.fold_in(keys.defense, idx), config["iterations"],
+            every)
         entry = {"index": idx, "label": int(labels[idx]), **extra.get(idx, {}),
                  "undefended": und, "defended": dfd}
       except (ValueError, FloatingPointError) as e:
