@@ -47,7 +47,6 @@ logger = logging.getLogger(__name__)
 _DATA_DIR_ENV = "TFDS_DATA_DIR"
 _CACHE_DIR_ENV = "REPDEF_JAX_CACHE"
 _DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "repdef_jax")
-_TFDS_DEFAULT_DIR = os.path.join("~", "tensorflow_datasets")
 OFFLINE_ENV = "REPDEF_JAX_OFFLINE"  # Set (not "0"): never download.
 QUIET_ENV = "REPDEF_JAX_QUIET"  # Set (not "0"): no progress lines.
 
@@ -477,12 +476,16 @@ def _from_tfds(info: DatasetInfo, split: str, data_dir: str | None,
                notes: list[str]) -> tuple[np.ndarray, np.ndarray,
                                           Source] | None:
   """The split from a prepared TFDS copy, or None (reason added to notes)."""
-  where = data_dir or os.path.expanduser(_TFDS_DEFAULT_DIR)
+  import tensorflow_datasets as tfds  # Slow import: only when needed.
+  from tensorflow_datasets.core import constants  # pylint: disable=g-import-not-at-top
+
+  where = data_dir or os.fspath(constants.DATA_DIR)  # tfds's default folder
   absl_logger = logging.getLogger("absl")  # tfds warns through absl.
   level = absl_logger.level
   absl_logger.setLevel(logging.ERROR)
   try:
-    source = _open_source(info.name, split, data_dir)
+    source = tfds.data_source(info.name, split=split, data_dir=data_dir,
+                              download=False)
     version = str(source.dataset_info.version)
     cache_path = _cache_path(cache_dir, info.name, split, version, data_dir,
                              max_examples)
@@ -490,27 +493,23 @@ def _from_tfds(info: DatasetInfo, split: str, data_dir: str | None,
     if arrays is None:
       arrays = _decode(source, info, max_examples)
       _write_cache(cache_path, *arrays)
-  except ValueError as error:
-    if "split" in str(error).lower():  # tfds: a slice beyond the split.
-      raise ValueError(f"Invalid split={split!r} for dataset {info.name!r}: "
-                       f"{_first_line(error)}") from None
-    notes.append(_unreadable(info.name, where, error))
-    return None
-  except _NoTfdsCopy:
-    notes.append(f"no prepared TFDS copy in {where}")
-    return None
   except Exception as error:  # pylint: disable=broad-except
-    # tfds and array_record raise many types for a half-written folder
-    # (e.g. KeyError "splits is empty"); report it, never its traceback.
-    notes.append(_unreadable(info.name, where, error))
+    # tfds raises many types, for a missing copy (NotImplementedError: no
+    # array_record files; KeyError "splits is empty" for its default folder)
+    # as for a half-written one; report it, never its traceback.
+    folder = os.path.join(where, info.name)
+    if not os.path.isdir(folder):
+      notes.append(f"no prepared TFDS copy in {where}")
+      return None
+    if isinstance(error, ValueError) and "[" in split:
+      raise ValueError(f"Invalid split={split!r} for dataset {info.name!r}: "
+                       f"{_first_line(error)}") from None  # A bad slice.
+    notes.append(f"an incomplete or unreadable TFDS copy in {folder} "
+                 f"({_first_line(error)}; delete it or prepare it again)")
     return None
   finally:
     absl_logger.setLevel(level)
   return (*arrays, Source("tfds", f"prepared TFDS copy in {where}"))
-
-
-class _NoTfdsCopy(Exception):
-  """No TFDS folder for the dataset (as opposed to an unreadable one)."""
 
 
 def _first_line(error: BaseException) -> str:
@@ -519,29 +518,6 @@ def _first_line(error: BaseException) -> str:
       str(error))
   text = re.split(r"(?<=\.)\s|\n", text.strip(), maxsplit=1)[0]
   return f"{type(error).__name__}: {text[:300].rstrip('.')}"
-
-
-def _unreadable(name: str, where: str, error: BaseException) -> str:
-  return (f"an incomplete or unreadable TFDS copy in "
-          f"{os.path.join(where, name)} ({_first_line(error)}; delete it or "
-          "prepare it again)")
-
-
-def _open_source(name: str, split: str, data_dir: str | None) -> Any:
-  """Opens a random-access TFDS data source, never downloading."""
-  import tensorflow_datasets as tfds  # Slow import: only when needed.
-
-  try:
-    return tfds.data_source(name, split=split, data_dir=data_dir,
-                            download=False)
-  except (NotImplementedError, OSError, AssertionError,
-          tfds.core.registered.DatasetNotFoundError) as error:
-    # Without prepared files TFDS assumes its default TFRECORD format and
-    # raises NotImplementedError ("random access ... is not supported").
-    where = data_dir or os.path.expanduser(_TFDS_DEFAULT_DIR)
-    if os.path.isdir(os.path.join(where, name)):
-      raise  # A folder that tfds cannot read: reported as unreadable.
-    raise _NoTfdsCopy() from error
 
 
 def _decode(source: Any, info: DatasetInfo,

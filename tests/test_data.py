@@ -289,6 +289,11 @@ DATA_STATES = [
      r"downloading failed: fetching https://storage\.googleapis\.com/\S+ "
      r"failed \(URLError: .*Network is unreachable\)\. Fix: .*repdef-data "
      r"prepare mnist"),
+    ("tfds's default folder without the dataset",
+     lambda t: {"data_dir": None, "_default_dir": t / "home_tfds"},
+     data.DataNotFoundError,
+     r"^No data for dataset 'mnist' split 'test': no prepared TFDS copy in "
+     r".*home_tfds; no download in"),
     ("empty TFDS folder", _empty_folder, data.DataNotFoundError,
      r"an incomplete or unreadable TFDS copy in .*tfds/mnist "
      r"\(NotImplementedError: .*; delete it or prepare it again\)"),
@@ -331,9 +336,14 @@ def unreachable_network(monkeypatch):
 @pytest.mark.parametrize("setup, expected, match",
                          [c[1:] for c in DATA_STATES],
                          ids=[c[0] for c in DATA_STATES])
-def test_data_states(setup, expected, match, tmp_path):
+def test_data_states(setup, expected, match, tmp_path, monkeypatch):
   kwargs = {"name": "mnist", "split": "test", "cache_dir": tmp_path / "cache",
             **setup(tmp_path)}
+  default_dir = kwargs.pop("_default_dir", None)
+  if default_dir is not None:
+    from tensorflow_datasets.core import constants  # pylint: disable=g-import-not-at-top
+    monkeypatch.setattr(constants, "DATA_DIR", str(default_dir))
+    monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
   if isinstance(expected, str):
     *_, source = data.load_with_source(**kwargs)
     assert source.kind == expected
