@@ -30,6 +30,9 @@ EXTRAS_REQUIRE = {
         "nbformat>=5.10",
         "pytest>=8.0",
         "pytest-xdist>=3.5",
+        # tests/test_notebooks.py builds the wheel offline
+        # (--no-build-isolation): setuptools with its own bdist_wheel.
+        "setuptools>=70.1",
     ],
     # Optional PyTorch peers for the benchmarks (CPU wheel on these machines).
     "torch": ["torch>=2.3"],
