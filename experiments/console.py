@@ -8,12 +8,16 @@ import importlib
 import sys
 
 from absl import app
+from absl import flags
 
 
 def _run(name: str, define_flags: bool = False) -> None:
   module = importlib.import_module(f"experiments.{name}")
   if define_flags:  # Modules that define their flags only when run.
     module.define_flags()
+  for flag in flags.FLAGS.get_flags_for_module(module.__name__):
+    # absl's --help lists the key flags of the module named sys.argv[0].
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   # absl's --help shows __main__'s docstring: the module's first paragraph.
   sys.modules["__main__"].__doc__ = (module.__doc__ or "").split("\n\n")[0]
   app.run(module.main)
