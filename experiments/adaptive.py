@@ -1,6 +1,6 @@
 """Entry point: see :mod:`repdef_jax.paper.adaptive` and experiments/configs/adaptive.py.
 
-  python -m experiments.adaptive --config=experiments/configs/adaptive.py:quick \
+  python -m experiments.adaptive --config=experiments/configs/adaptive.py:medium \
       --workdir=/tmp/adaptive --data_dir=$TFDS_DATA_DIR
 
 Rerunning the same command reuses finished cells.
@@ -11,7 +11,8 @@ from absl import app
 from experiments import config_entry
 from repdef_jax.paper import adaptive
 
-main = config_entry.make_main("adaptive", adaptive.run)
+main = config_entry.make_main("adaptive", adaptive.run,
+                              adaptive.report)
 
 if __name__ == "__main__":
   app.run(main)

@@ -8,8 +8,7 @@ from experiments import config_entry
 from repdef_jax.paper import convergence
 
 main = config_entry.make_main("convergence", convergence.run,
-                              lambda result, workdir: print(
-                                  f"wrote {workdir}/curves.json"))
+                              convergence.report)
 
 if __name__ == "__main__":
   app.run(main)

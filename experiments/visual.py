@@ -1,6 +1,6 @@
 """Entry point: see :mod:`repdef_jax.paper.visual` and experiments/configs/visual.py.
 
-  python -m experiments.visual --config=experiments/configs/visual.py:quick \
+  python -m experiments.visual --config=experiments/configs/visual.py:medium \
       --workdir=/tmp/visual --data_dir=$TFDS_DATA_DIR
 
 Rerunning the same command reuses finished cells.
@@ -11,7 +11,8 @@ from absl import app
 from experiments import config_entry
 from repdef_jax.paper import visual
 
-main = config_entry.make_main("visual", visual.run)
+main = config_entry.make_main("visual", visual.run,
+                              visual.report)
 
 if __name__ == "__main__":
   app.run(main)

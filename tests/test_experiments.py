@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,8 +17,11 @@ if ROOT not in sys.path:
 
 from experiments.configs import adaptive as adaptive_cfg  # noqa: E402
 from experiments.configs import certified as certified_cfg  # noqa: E402
+from experiments.configs import convergence as convergence_cfg  # noqa: E402
+from experiments.configs import repinfer as repinfer_cfg  # noqa: E402
 from experiments.configs import visual as visual_cfg  # noqa: E402
 from repdef_jax.paper import adaptive  # noqa: E402
+from repdef_jax.paper import convergence  # noqa: E402
 from repdef_jax.paper import theorem1  # noqa: E402
 from repdef_jax import training  # noqa: E402
 from repdef_jax.paper import settings  # noqa: E402
@@ -45,11 +49,27 @@ def _rerun_reuses(module, config, workdir):
 
 
 def test_presets_exist():
-  for cfg in (visual_cfg, certified_cfg, adaptive_cfg):
-    for preset in ("quick", "full", "tiny"):
+  for cfg in (visual_cfg, certified_cfg, adaptive_cfg, convergence_cfg,
+              repinfer_cfg):
+    for preset in ("quick", "medium", "full", "tiny"):
       assert cfg.get_config(preset) is not None
     with pytest.raises(ValueError, match="preset"):
       cfg.get_config("nope")
+  # medium: >= 3 seeds everywhere (the protocol).
+  for cfg in (visual_cfg, certified_cfg, adaptive_cfg, convergence_cfg,
+              repinfer_cfg):
+    assert len(cfg.get_config("medium").seeds) >= 3
+
+
+def _claims_ok(result):
+  """Every part returns claims rows with a verdict and its wall time."""
+  assert result["claims"] and "seconds" in result
+  for row in result["claims"]:
+    assert set(row) >= {"claim", "paper", "statistic", "value", "low", "high",
+                        "verdict", "rule"}
+    assert row["verdict"].split(" ")[0] in (
+        "held", "did", "inconclusive", "reported"), row["verdict"]
+  assert "[0,1]" in result["pixel_space"]
 
 
 def test_federated_setting():
@@ -67,32 +87,60 @@ def test_federated_setting():
 def test_visual_end_to_end(mock_env):
   result, workdir, config = _run(visual, visual_cfg, mock_env, "visual")
   assert {"visual.json", "visual.png"} <= set(os.listdir(workdir))
-  assert [s["defense"] for s in result["settings"]] == [
-      "none", "soteria", "compression"]
+  assert [(s["defense"], s["images"]) for s in result["settings"]] == [
+      ("none", 4), ("soteria", 4), ("compression", 4)]  # 2 seeds x 2 images
+  _claims_ok(result)
+  assert len(result["claims"]) == 2
+  # 2 seeds x 3 settings: a cell and its reconstructions each.
+  assert len(os.listdir(os.path.join(workdir, "cells"))) == 12
   _rerun_reuses(visual, config, workdir)
 
 
 def test_certified_end_to_end(mock_env):
-  result, workdir, _ = _run(theorem1, certified_cfg, mock_env, "certified")
+  result, workdir, config = _run(theorem1, certified_cfg, mock_env,
+                                 "certified")
   assert {"certified.json", "certified.png"} <= set(os.listdir(workdir))
-  rates = {c["rate"]: c for c in result["rates"]}
-  assert rates[0.0]["certified_bound"] == 0.0  # nothing pruned, no bound
-  assert rates[50.0]["certified_bound"] > 0.0
-  assert 0.0 <= result["fraction_attack_distance_above_bound"]["gs"] <= 1.0
+  panel = result["panels"]["logreg_mnist"]
+  rates = {r["rate"]: r for r in panel["rates"]}
+  assert rates[0.0]["certified_bound"]["mean"] == 0.0  # nothing pruned
+  assert rates[50.0]["certified_bound"]["mean"] > 0.0
+  assert rates[50.0]["certified_bound"]["n"] == 4  # 2 seeds x 2 images
+  _claims_ok(result)
+  assert {r["claim"] for r in result["claims"]} == {
+      "Theorem 1 bound holds (logreg_mnist, gs)",
+      "Theorem 1 bound holds (logreg_mnist, gs_mask)"}
+  _rerun_reuses(theorem1, config, workdir)
 
 
 def test_adaptive_end_to_end(mock_env):
   result, workdir, config = _run(adaptive, adaptive_cfg, mock_env, "adaptive")
   assert {"adaptive.json", "adaptive.png", "train"} <= set(
       os.listdir(workdir))
-  attacks = {c["attack"] for c in result["cells"]}
-  assert attacks == {"gs", "gs_drop", "gs_mask"}
-  assert {c["stage"] for c in result["cells"]} == {"init", "trained"}
-  assert {c["model"] for c in result["cells"]} == set(config.models)
-  assert len(result["cells"]) == len(config.models) * 2 * (
-      1 + len(config.variants) * len(config.rates) * 3)
-  assert all("verdict" in c for c in result["cells"])
+  rows = result["rows"]
+  # Per (panel, stage): undefended + 2 (variant, rate), pooled over seeds.
+  assert len(rows) == len(config.panels) * 2 * 3
+  assert {r["stage"] for r in rows} == {"init", "trained"}
+  for r in rows:
+    assert set(r["attacks"]) == {"gs", "gs_drop", "gs_mask", "best"}
+    assert r["images"] == 4  # 2 seeds x 2 images
+  _claims_ok(result)
+  assert result["claims"][0]["verdict"] == "reported"
+  # 2 seeds x 2 stages x 3 cells.
+  assert len(os.listdir(os.path.join(workdir, "cells"))) == 12
   _rerun_reuses(adaptive, config, workdir)
+
+
+def test_convergence_end_to_end(mock_env):
+  result, workdir, config = _run(convergence, convergence_cfg, mock_env,
+                                 "convergence")
+  assert {"curves.json", "loss_vs_round.png"} <= set(os.listdir(workdir))
+  _claims_ok(result)
+  for s in result["settings"]:
+    assert s["seeds"] == [0, 1]
+    assert len(s["global_loss_mean"]) == config.base.rounds
+    # logreg starts at zero weights: F(w_0) = ln 10 for every seed.
+    assert s["initial_loss"]["mean"] == pytest.approx(np.log(10), rel=1e-5)
+  _rerun_reuses(convergence, config, workdir)
 
 
 def _reproduce(tmp_path, parts):

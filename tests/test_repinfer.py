@@ -207,3 +207,52 @@ def test_reconstruct_from_representation_leakage_model():
         f"noise mse {mse_noise:.3f}")
   assert mse < 0.01 * mse_noise
   assert psnr > 25.0
+
+
+def test_batch_objective_matches_single_and_vanishes_at_the_truth():
+  """A batch of one has the single-image objective; for two images the
+  gradient objective is 0 at the true batch (the batch's mean-loss gradient)
+  and positive elsewhere."""
+  model = models.get_model("leakage", (8, 8, 3))
+  params = model.init(jax.random.key(0))
+  x = smooth_images(jax.random.key(1), 2, (8, 8, 3))
+  y = jnp.array([1, 4])
+  g1 = gradients.batch_grad(model, params, x[:1], y[:1])
+  for objective in ("gradient", "conv_gradient"):
+    single = repinfer.make_objective(model, params, g1, y[0], objective)
+    batch = repinfer.make_objective(model, params, g1, y[:1], objective)
+    z = jnp.full((8, 8, 3), 0.3)
+    np.testing.assert_allclose(single(z), batch(z[None]), rtol=1e-6)
+  g2 = gradients.batch_grad(model, params, x, y)
+  loss = repinfer.make_objective(model, params, g2, y, "gradient")
+  assert float(loss(x)) < 1e-12
+  assert float(loss(x[::-1])) > 1e-6  # labels no longer match their images
+  r = model.features(params, x)
+  rep = repinfer.make_objective(model, params, r, None, "representation")
+  assert float(rep(x)) == 0.0 and float(rep(x[::-1])) > 0.0
+
+
+def test_reconstruct_batch_of_one_equals_single_image():
+  model = models.get_model("leakage", (8, 8, 3))
+  params = model.init(jax.random.key(0))
+  x = smooth_images(jax.random.key(1), 1, (8, 8, 3))
+  y = jnp.array([2])
+  g = gradients.batch_grad(model, params, x, y)
+  key = jax.random.key(5)
+  one, l1 = repinfer.reconstruct(model, params, g, (8, 8, 3), key,
+                                 objective="gradient", label=y[0], steps=5)
+  batch, l2 = repinfer.reconstruct(model, params, g, (1, 8, 8, 3), key,
+                                   objective="gradient", label=y, steps=5)
+  assert batch.shape == (1, 8, 8, 3)
+  np.testing.assert_allclose(losses_finite(l1), losses_finite(l2),
+                             rtol=1e-4)
+  np.testing.assert_allclose(one, batch[0], rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="x_shape"):
+    repinfer.reconstruct(model, params, g, (2, 1, 8, 8, 3), key,
+                         objective="gradient", label=y)
+
+
+def losses_finite(losses):
+  losses = np.asarray(losses)
+  assert np.all(np.isfinite(losses))
+  return losses

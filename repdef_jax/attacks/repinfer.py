@@ -441,16 +441,18 @@ def conv_layers(model: models_lib.Model) -> tuple[str, ...]:
 
 def make_objective(model: models_lib.Model, params: Params, target: Any,
                    label: jax.Array | None, objective: str):
-  """The loss of one image ``x [H, W, C]`` for a reconstruction source.
+  """The loss of one image ``x [H, W, C]`` (or a batch ``[B, H, W, C]``).
 
   Args:
     model: the model.
     params: its parameters.
-    target: the representation ``[F]`` (``'representation'``) or the shared
-      gradient tree (``'gradient'``, ``'conv_gradient'``; for the latter only
-      the conv sub-trees are read).
-    label: integer label (gradient objectives; the label is assumed known,
-      e.g. inferred as in iDLG / :func:`infer_classes` with ``k=1``).
+    target: the representation ``[F]`` (``[B, F]`` for a batch;
+      ``'representation'``) or the shared gradient tree (``'gradient'``,
+      ``'conv_gradient'``; for the latter only the conv sub-trees are read).
+      For a batch the gradient is that of the batch's mean loss (what
+      :func:`repdef_jax.gradients.batch_grad` computes).
+    label: integer label, ``[]`` or ``[B]`` (gradient objectives; assumed
+      known, e.g. inferred as in iDLG / :func:`infer_classes`).
     objective: one of :data:`OBJECTIVES`:
       ``'representation'``: ``||features(x) - target||^2``;
       ``'gradient'``: DLG, summed squared L2 distance over every tensor;
@@ -462,11 +464,15 @@ def make_objective(model: models_lib.Model, params: Params, target: Any,
   Raises:
     ValueError: unknown objective or missing label.
   """
+  def as_batch(x):
+    return x.reshape((-1, *model.input_shape))
+
   if objective == "representation":
     target = jnp.asarray(target)
 
     def loss(x):
-      return jnp.sum((model.features(params, x[None])[0] - target) ** 2)
+      r = model.features(params, as_batch(x))
+      return jnp.sum((r - target.reshape(r.shape)) ** 2)
 
     return loss
   if objective not in OBJECTIVES:
@@ -478,8 +484,9 @@ def make_objective(model: models_lib.Model, params: Params, target: Any,
   tgt = _select(target, layers)
 
   def loss(x):
-    g = jax.grad(lambda p: gradients_lib.example_loss(model, p, x, label))(
-        params)
+    xb = as_batch(x)
+    yb = jnp.reshape(label, (xb.shape[0],))
+    g = jax.grad(lambda p: gradients_lib.batch_loss(model, p, xb, yb))(params)
     g = _select(g, layers)
     sq = jax.tree_util.tree_map(lambda a, b: jnp.sum((a - b) ** 2), g, tgt)
     return sum(jax.tree_util.tree_leaves(sq))
@@ -507,7 +514,8 @@ def reconstruct(model: models_lib.Model, params: Params, target: Any,
     model: the model (static).
     params: its parameters.
     target: see :func:`make_objective`.
-    x_shape: ``(H, W, C)`` (static).
+    x_shape: ``(H, W, C)``, or ``(B, H, W, C)`` for B images reconstructed
+      jointly (static).
     key: PRNG key of the initial image.
     objective: one of :data:`OBJECTIVES` (static).
     label: integer label for the gradient objectives.
@@ -516,7 +524,7 @@ def reconstruct(model: models_lib.Model, params: Params, target: Any,
     rtol: relative tolerance of the early stop (0 disables it).
 
   Returns:
-    ``(x [H, W, C] in [0, 1], losses [steps])``; ``losses[t]`` is the
+    ``(x [*x_shape] in [0, 1], losses [steps])``; ``losses[t]`` is the
     objective before iteration ``t``; after an early stop the remaining
     entries repeat the final value.
 
@@ -525,9 +533,9 @@ def reconstruct(model: models_lib.Model, params: Params, target: Any,
       not fit the model.
   """
   x_shape = tuple(int(d) for d in x_shape)
-  if x_shape != tuple(model.input_shape):
+  if x_shape[-3:] != tuple(model.input_shape) or len(x_shape) not in (3, 4):
     raise ValueError(f"x_shape {x_shape} does not fit model {model.name!r} "
-                     f"(input shape {model.input_shape}).")
+                     f"(input shape {model.input_shape}, or a batch of it).")
   obj = make_objective(model, params, target, label, objective)
   fn = lambda z: obj(jax.nn.sigmoid(z))
   opt = optax.lbfgs(memory_size=memory_size)

@@ -10,20 +10,22 @@ Beyond the paper. Soteria perturbs one layer and its pruned rows are visible
   to the trial gradient too (GGL, Li et al., CVPR 2022);
 
 are run next to the plain attack on Soteria-defended one-image gradients,
-for each model of ``config.models``, at several pruning rates, at two
-training stages ('init': the initial global model; 'trained': the global
-model after ``train.rounds`` rounds of undefended FedAvg via
-:func:`repdef_jax.training.train_and_evaluate`), and for three Soteria
-variants: the reference rule (``score='reference'``,
-``selection='percentile'``), ``selection='count'`` (exactly the nominal
-fraction pruned, inactive features last) and ``score='exact'`` (the paper's
-``||r_i dX/dr_i||`` through the Jacobian's pseudo-inverse).
+for each panel (model x dataset x attack family), seed, training stage
+('init': the initial global model; 'trained': the global model after
+undefended FedAvg, :func:`repdef_jax.training.train_and_evaluate`), Soteria
+variant (the reference rule; ``selection='count'``: exactly the nominal
+fraction pruned; ``score='exact'``: the paper's ``||r_i dX/dr_i||``) and
+pruning rate. All images of a cell are attacked in one batch
+(:mod:`repdef_jax.paper.batched`).
 
-Verdict per cell: the defense **holds** against an attack when the mean SSIM
-of its reconstructions (clamped [0, 1] images) is at most
-``unrecognisable_threshold`` (and the undefended attack at that stage
-exceeded it, i.e. the attack works at all); it **fails** otherwise. Writes
-``adaptive.json`` and ``adaptive.png``; each cell is resumable.
+Verdict per (panel, stage, variant, rate, attack), over images x seeds
+(docs/evaluation.md): **n/a** when the same attack succeeds on fewer than
+half of the undefended images (SSIM >= ``success_ssim``); otherwise the
+defense **holds** when the 95 % interval of the mean SSIM (clamped [0, 1]
+images) is at or below ``unrecognisable`` (0.2), **fails** when it is above,
+**inconclusive** when it straddles it. Writes ``adaptive.json`` (with a
+summary ``claims`` row, reported without a paper target) and
+``adaptive.png``; each cell is resumable.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ import ml_collections
 import numpy as np
 
 from repdef_jax import data as data_lib
-from repdef_jax import defenses as defenses_lib
-from repdef_jax.paper import harness
-from repdef_jax import fedavg
-from repdef_jax import storage
 from repdef_jax import models as models_lib
+from repdef_jax import storage
 from repdef_jax import training
+from repdef_jax.paper import batched
+from repdef_jax.paper import harness
+from repdef_jax.paper import stats
 
 RESULT_FILE = "adaptive.json"
 PLOT_FILE = "adaptive.png"
@@ -50,144 +52,331 @@ VARIANTS = {
     "count": {"selection": "count"},
     "exact": {"score": "exact"},
 }
+PIXEL_SPACE = "[0,1] (model input space; SSIM on clamped images)"
 
 
-def stage_params(config: ml_collections.ConfigDict, model: models_lib.Model,
-                 stage: str, workdir: str) -> Any:
-  """Global parameters of ``model`` at a training stage ('init'/'trained')."""
-  if stage == "init":
-    return model.init(fedavg.key_streams(config.seed).init)
-  if stage != "trained":
-    raise ValueError(f"unknown stage {stage!r}; use 'init' or 'trained'.")
+def suite(family: str) -> tuple[str, str, str]:
+  """The plain attack of a family and its two adaptive variants."""
+  return (family, f"{family}_drop", f"{family}_mask")
+
+
+def panel_train_config(config: ml_collections.ConfigDict, name: str,
+                       seed: int) -> ml_collections.ConfigDict:
+  """The undefended FedAvg run that gives a panel's 'trained' stage."""
+  spec = config.panels[name]
   c = training.default_config()
   c.update(config.train.to_dict())
-  c.dataset = config.dataset
-  c.model = model.name
-  c.model_init = config.model_init
+  c.update(spec.get("train", ml_collections.ConfigDict()).to_dict())
+  c.dataset = spec.dataset
+  c.model = spec.model
+  c.model_init = spec.model_init
+  c.model_kwargs = spec.get("model_kwargs", ml_collections.ConfigDict())
   c.defense = "none"
-  c.seed = config.seed
+  c.seed = int(seed)
   c.data_dir = config.data_dir
   c.plot = False
-  return training.train_and_evaluate(
-      c, os.path.join(workdir, "train", model.name))["state"].params
+  return c
+
+
+class _Panel:
+  """One (panel, seed): model, images and the parameters of every stage."""
+
+  def __init__(self, config: ml_collections.ConfigDict, name: str,
+               seed: int, workdir: str):
+    spec = config.panels[name]
+    info = data_lib.get_info(spec.dataset)
+    self.model = models_lib.get_model(
+        spec.model, info.image_shape, info.num_classes, init=spec.model_init,
+        **spec.get("model_kwargs", ml_collections.ConfigDict()).to_dict())
+    self.keys = harness.sweep_keys(seed)
+    self.indices, self.images, self.labels, self.source = (
+        batched.pick_images(spec.dataset, config.num_images, self.keys,
+                            pool=config.image_pool, data_dir=config.data_dir,
+                            allow_synthetic=config.allow_synthetic,
+                            seed=seed))
+    self.attacks = suite(spec.family)
+    self._config, self._name, self._seed = config, name, seed
+    self._workdir = workdir
+    self._params: dict[str, Any] = {}
+
+  def params(self, stage: str) -> Any:
+    """Global parameters at a stage ('init' / 'trained')."""
+    if stage not in self._params:
+      if stage == "init":
+        self._params[stage] = self.model.init(self.keys.init)
+      elif stage == "trained":
+        run_dir = os.path.join(self._workdir, "train", self._name,
+                               f"seed{self._seed}")
+        result = training.train_and_evaluate(
+            panel_train_config(self._config, self._name, self._seed),
+            run_dir)
+        self._params[stage] = result["state"].params
+      else:
+        raise ValueError(f"unknown stage {stage!r}; use 'init' or "
+                         "'trained'.")
+    return self._params[stage]
+
+
+def plan(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
+  """Every cell: per (panel, seed, stage) the undefended one, then every
+  (variant, rate) of ``config.variants`` (variant -> rates)."""
+  cells = []
+  for panel in config.panels:
+    for seed in config.seeds:
+      for stage in config.stages:
+        base = {"panel": panel, "seed": int(seed), "stage": stage}
+        cells.append({**base, "variant": "none", "rate": 0.0})
+        cells += [{**base, "variant": v, "rate": float(r)}
+                  for v, rates in config.variants.items() for r in rates]
+  return cells
+
+
+def attack_cell(config: ml_collections.ConfigDict, panel: _Panel,
+                stage: str, variant: str, rate: float) -> dict[str, Any]:
+  """The panel's suite on every image's defended one-image gradient."""
+  model, params = panel.model, panel.params(stage)
+  d = (batched.get_defense("none", 0.0, model) if variant == "none" else
+       batched.get_defense("soteria", rate, model, **VARIANTS[variant]))
+  k_attack, k_defense = batched.image_keys(panel.keys,
+                                           range(len(panel.indices)))
+  _, shared, info = batched.defend_batch(model, params, d, panel.images,
+                                         panel.labels, k_defense)
+  entries, _ = batched.attack_suite(
+      model, params, shared, panel.images, panel.labels, panel.attacks,
+      k_attack, budgets=config.attack_budgets.to_dict(),
+      give_labels=config.give_labels)
+  keep = ("mse", "mse_clamped", "ssim", "psnr", "diverged", "seconds",
+          "same_as")
+  return {"source": panel.source,
+          "images": [{"index": int(panel.indices[i]),
+                      "attacks": {n: {k: m[k] for k in keep if k in m}
+                                  for n, m in e["attacks"].items()},
+                      "best": e["best"],
+                      **{f"defense/{k}": float(v[i]) for k, v in
+                         info.items()}}
+                     for i, e in enumerate(entries)]}
+
+
+def _cell_name(cell: dict[str, Any]) -> str:
+  return harness.cell_name(cell["panel"], f"seed{cell['seed']}", cell["stage"],
+                           cell["variant"], cell["rate"])
+
+
+# --------------------------------------------------------------------------
+# Analysis.
+
+
+def _ssims(images: list[dict], attack: str | None) -> tuple[list[float], int]:
+  """SSIM samples of an attack (None: the best-of) and the diverged count."""
+  vals, diverged = [], 0
+  for e in images:
+    m = e["best"] if attack is None else e["attacks"][attack]
+    if m.get("all_diverged") or m.get("diverged"):
+      diverged += 1
+    else:
+      vals.append(float(m["ssim"]))
+  return vals, diverged
+
+
+def verdict(ssim: dict[str, Any], undefended_success: float | None,
+            unrecognisable: float) -> str:
+  """'n/a (...)', 'holds', 'fails' or 'inconclusive' (module docstring)."""
+  if undefended_success is None or undefended_success < 0.5:
+    return "n/a (attack fails undefended)"
+  if ssim["n"] == 0:
+    return "n/a (every run diverged)"
+  v = stats.verdict(ssim["low"], ssim["high"], unrecognisable,
+                    higher_holds=False)
+  return {"held": "holds", "did not hold": "fails"}.get(v, v)
+
+
+def analyse(config: ml_collections.ConfigDict,
+            cells: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
+  """One row per (panel, stage, variant, rate) with per-attack and best-of
+  SSIM / clamped MSE summaries, undefended success rates and verdicts."""
+  groups: dict[tuple, list[dict]] = {}
+  for cell, result in cells:
+    key = (cell["panel"], cell["stage"], cell["variant"], cell["rate"])
+    groups.setdefault(key, []).extend(result["images"])
+  rows = []
+  for (panel, stage, variant, rate), images in groups.items():
+    attacks = suite(config.panels[panel].family)
+    undefended = groups[(panel, stage, "none", 0.0)]
+    row = {"panel": panel, "model": config.panels[panel].model,
+           "dataset": config.panels[panel].dataset, "stage": stage,
+           "variant": variant, "rate": rate, "images": len(images),
+           "attacks": {}}
+    for name in (*attacks, None):
+      vals, diverged = _ssims(images, name)
+      base, _ = _ssims(undefended, name)
+      success = (float(np.mean([v >= config.success_ssim for v in base]))
+                 if base else None)
+      mse = [float(e["best"]["mse_clamped"] if name is None else
+                   e["attacks"][name]["mse_clamped"]) for e in images
+             if not (e["best"].get("all_diverged") if name is None else
+                     e["attacks"][name]["diverged"])]
+      summary = batched.summary(vals)
+      entry = {"ssim": summary, "mse_clamped": batched.summary(mse),
+               "diverged": diverged, "undefended_success_rate": success,
+               "verdict": ("undefended" if variant == "none" else verdict(
+                   summary, success, config.unrecognisable))}
+      row["attacks"][name or "best"] = entry
+    for k in images[0]:
+      if k.startswith("defense/"):
+        row[k] = float(np.mean([e[k] for e in images]))
+    rows.append(row)
+  return rows
+
+
+def claims(config: ml_collections.ConfigDict,
+           rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """The summary row: where Soteria holds against the best of the suite."""
+  defended = [r for r in rows if r["variant"] != "none"]
+  verdicts = [r["attacks"]["best"]["verdict"] for r in defended]
+  applicable = [v for v in verdicts if not v.startswith("n/a")]
+  held = sum(v == "holds" for v in applicable)
+  per_attack = {}
+  for r in defended:
+    for name, a in r["attacks"].items():
+      per_attack.setdefault(name, []).append(a["verdict"])
+  counts = "; ".join(
+      f"{name}: holds {sum(v == 'holds' for v in vs)}, fails "
+      f"{sum(v == 'fails' for v in vs)}, inconclusive "
+      f"{sum(v == 'inconclusive' for v in vs)}, n/a "
+      f"{sum(v.startswith('n/a') for v in vs)}"
+      for name, vs in per_attack.items())
+  return [stats.claim(
+      "Soteria withstands adaptive attacks (beyond the paper)",
+      "not in the paper (later work broke Soteria with adaptive attacks)",
+      f"share of the {len(applicable)} defended (panel, stage, variant, "
+      f"rate) cells whose best-of-suite (plain, *_drop, *_mask) mean SSIM "
+      f"interval is <= {config.unrecognisable} where the suite succeeds "
+      f"undefended; per attack: {counts}",
+      held / len(applicable) if applicable else None, None, None,
+      target=None,
+      rule=f"per cell: holds when the mean SSIM interval is <= "
+           f"{config.unrecognisable} while the same attack succeeds "
+           f"undefended (success rate >= 0.5 at SSIM >= "
+           f"{config.success_ssim}); reported, no paper target")]
+
+
+def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+  """Every row: per attack and best-of, mean SSIM [95 % interval] and the
+  verdict (a report table)."""
+  names = list(rows[0]["attacks"]) if rows else []
+  out = []
+  for r in rows:
+    cells = []
+    for n in names:
+      a = r["attacks"][n]
+      cells.append(f"{batched.interval(a['ssim'])} {a['verdict']}")
+    out.append([r["panel"], r["stage"], r["variant"], r["rate"], *cells])
+  return {"title": "Mean SSIM [95 % interval] over images x seeds ([0,1] "
+                   "pixels) and verdict; columns: the family's plain, "
+                   "*_drop, *_mask attack and the best of them",
+          "header": ["panel", "stage", "variant", "rate %",
+                     "plain", "drop", "mask", "best"][:4 + len(names)],
+          "rows": out}
+
+
+# --------------------------------------------------------------------------
+# Entry.
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs every (model, stage, variant, rate, attack) cell; writes outputs."""
+  """Runs (or resumes) every cell; writes ``adaptive.json`` / ``.png``."""
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
   store = harness.CellStore(os.path.join(workdir, "cells"))
-  info = data_lib.get_info(config.dataset)
-  models = {name: models_lib.get_model(name, info.image_shape,
-                                       info.num_classes, init=config.model_init)
-            for name in config.models}
-  images, labels = data_lib.load(config.dataset, "test",
-                                 config.data_dir or None,
-                                 max_examples=config.num_images)
-  images = data_lib.to_float(np.asarray(images))
-  labels = np.asarray(labels, np.int32)
-  keys = harness.sweep_keys(config.seed)
-  attacks = [a for fam in config.families
-             for a in (fam, f"{fam}_drop", f"{fam}_mask")]
-  cells_spec = []
-  for name in config.models:
-    for stage in config.stages:
-      for fam in config.families:
-        cells_spec.append((name, stage, "none", 0.0, fam))
-      for variant in config.variants:
-        for rate in config.rates:
-          for attack in attacks:
-            cells_spec.append((name, stage, variant, float(rate), attack))
-  progress = harness.Progress(len(cells_spec), "adaptive")
-  params_by_stage = {}
-  rows = []
-  for name, stage, variant, rate, attack in cells_spec:
-    model = models[name]
-    if (name, stage) not in params_by_stage:
-      params_by_stage[(name, stage)] = stage_params(config, model, stage,
-                                                    workdir)
-    params = params_by_stage[(name, stage)]
+  cells = plan(config)
+  progress = harness.Progress(len(cells), "adaptive")
+  built: dict[tuple[str, int], _Panel] = {}
 
-    def fn(model=model, params=params, stage=stage, variant=variant,
-           rate=rate, attack=attack):
-      if variant == "none":
-        d = defenses_lib.get_defense("none")
-      else:
-        d = defenses_lib.get_defense("soteria", rate, model=model,
-                                     **VARIANTS[variant])
-      per_image = []
-      for i in range(len(images)):
-        m, _, _ = harness.defend_and_attack(
-            model, params, d, images[i:i + 1], labels[i:i + 1], attack,
-            *harness.image_keys(keys, i),
-            iterations=config.attack_iterations.get(attack.split("_")[0])
-            or None, restarts=config.restarts or None,
-            give_labels=config.give_labels)
-        per_image.append(m)
-      out = {"model": model.name, "stage": stage, "variant": variant,
-             "rate": rate, "attack": attack, "images": per_image}
-      for k in ("mse", "mse_clamped", "ssim", "psnr"):
-        out[k] = harness.finite_or_str(
-            np.mean([float(m[k]) for m in per_image]))
-      for k in per_image[0]:
-        if k.startswith("defense/"):
-          out[k] = float(np.mean([m[k] for m in per_image]))
-      return out
+  def panel(name: str, seed: int) -> _Panel:
+    if (name, seed) not in built:
+      built.clear()
+      built[(name, seed)] = _Panel(config, name, seed, workdir)
+    return built[(name, seed)]
 
-    rows.append(store.get_or_run(
-        harness.cell_name(name, stage, variant, rate, attack), fn,
-        progress))
-  thr = config.unrecognisable_threshold
-  works = {(r["model"], r["stage"], r["attack"]): r["ssim"] > thr
-           for r in rows if r["variant"] == "none"}
-  for r in rows:
-    if r["variant"] == "none":
-      r["verdict"] = "undefended: attack " + (
-          "works" if r["ssim"] > thr else "fails")
-    else:
-      fam = r["attack"].split("_")[0]
-      if not works.get((r["model"], r["stage"], fam), True):
-        r["verdict"] = "n/a (attack fails even undefended)"
-      else:
-        r["verdict"] = "holds" if r["ssim"] <= thr else "fails"
-  result = {"experiment": "adaptive", "config": config.to_dict(),
-            "pixel_space": "[0,1]",
-            "verdict_rule": f"holds when mean SSIM <= {thr}",
-            "cells": [{k: v for k, v in r.items() if k != "images"}
-                      for r in rows],
-            "seconds": time.perf_counter() - start}
+  done = []
+  for cell in cells:
+    result = store.get_or_run(
+        _cell_name(cell),
+        lambda cell=cell: attack_cell(config, panel(cell["panel"],
+                                                    cell["seed"]),
+                                      cell["stage"], cell["variant"],
+                                      cell["rate"]), progress)
+    done.append((cell, result))
+  rows = analyse(config, done)
+  result = harness.jsonable({
+      "experiment": "adaptive", "config": config.to_dict(),
+      "pixel_space": PIXEL_SPACE,
+      "image_source": sorted({r["source"] for _, r in done}),
+      "verdict_rule": (f"holds when the mean SSIM interval is <= "
+                       f"{config.unrecognisable} while the same attack "
+                       "succeeds undefended; fails when above; n/a when the "
+                       "attack fails undefended"),
+      "rows": rows, "claims": claims(config, rows), "tables": [table(rows)],
+      "seconds": time.perf_counter() - start,
+      "cell_seconds": sum(r.get("cell_seconds", 0.0) for _, r in done)})
   storage.write_json(os.path.join(workdir, RESULT_FILE), result)
   plot(result, os.path.join(workdir, PLOT_FILE))
   return result
 
 
+def report(result: dict[str, Any], workdir: str) -> None:
+  """Prints each defended cell's verdicts per attack."""
+  del workdir
+  for r in result["rows"]:
+    if r["variant"] == "none":
+      continue
+    text = ", ".join(
+        f"{n} ssim {a['ssim']['mean'] and round(a['ssim']['mean'], 2)} "
+        f"{a['verdict']}" for n, a in r["attacks"].items())
+    print(f"{r['panel']} {r['stage']} {r['variant']} {r['rate']:g}: {text}")
+  for row in result["claims"]:
+    print(f"{row['claim']}: {row['value']} -> {row['verdict']}")
+  print(f"total {result['seconds']:.0f}s")
+
+
 def plot(result: dict[str, Any], path: str) -> None:
-  """SSIM vs pruning rate: a panel per (model, stage, variant)."""
+  """Mean SSIM (95 % interval) vs pruning rate: a row per (panel, stage), a
+  column per variant, a line per attack (rate 0: undefended)."""
   plt = storage.pyplot()
   cfg = result["config"]
-  panel_rows = [(m, st) for m in cfg["models"] for st in cfg["stages"]]
+  rows = result["rows"]
+  panel_rows = [(p, st) for p in cfg["panels"] for st in cfg["stages"]]
   variants = list(cfg["variants"])
   fig, axes = plt.subplots(len(panel_rows), len(variants),
                            figsize=(3.4 * len(variants), 2.8 * len(panel_rows)),
                            squeeze=False)
-  for i, (name, stage) in enumerate(panel_rows):
-    cells = [c for c in result["cells"] if c["model"] == name]
+  for i, (panel, stage) in enumerate(panel_rows):
+    mine = [r for r in rows if r["panel"] == panel and r["stage"] == stage]
+    none = [r for r in mine if r["variant"] == "none"]
     for j, variant in enumerate(variants):
       ax = axes[i, j]
-      for attack in sorted({c["attack"] for c in cells
-                            if c["variant"] == variant}):
-        pts = sorted((c["rate"], c["ssim"]) for c in cells
-                     if c["stage"] == stage and c["variant"] == variant
-                     and c["attack"] == attack)
-        base = [c["ssim"] for c in cells if c["stage"] == stage and
-                c["variant"] == "none" and c["attack"] == attack]
-        pts = [(0.0, base[0])] + pts if base else pts
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3,
-                label=attack)
-      ax.axhline(cfg["unrecognisable_threshold"], color="gray", ls=":")
-      ax.set_title(f"{name}, {stage}, {variant}", fontsize=8)
+      pts = sorted(none + [r for r in mine if r["variant"] == variant],
+                   key=lambda r: r["rate"])
+      for name in (pts[0]["attacks"] if pts else {}):
+        xs, ys, lo, hi = [], [], [], []
+        for r in pts:
+          s = r["attacks"][name]["ssim"]
+          if s["mean"] is None:
+            continue
+          xs.append(r["rate"])
+          ys.append(s["mean"])
+          lo.append(s["mean"] - (s["low"] if s["low"] is not None
+                                 else s["mean"]))
+          hi.append((s["high"] if s["high"] is not None else s["mean"])
+                    - s["mean"])
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", ms=3, capsize=2,
+                    label=name)
+      ax.axhline(cfg["unrecognisable"], color="gray", ls=":")
+      model = mine[0]["model"] if mine else panel
+      ax.set_title(f"{panel} ({model}), {stage}, {variant}", fontsize=7)
       ax.set_xlabel("pruning rate (%)")
-      ax.set_ylabel("SSIM")
+      ax.set_ylabel("SSIM ([0,1] pixels)")
+      ax.set_ylim(-0.05, 1.05)
       ax.legend(fontsize=6)
   fig.tight_layout()
   storage.save_figure(fig, path, dpi=100)

@@ -162,7 +162,23 @@ def attack_gradient(model: models_lib.Model, params: Params, shared: Params,
       labels=jnp.asarray(labels) if give_labels else None,
       **{**(overrides or {}),
          **attack_overrides(attack, iterations, restarts)}))
-  seconds = time.perf_counter() - start
+  return measure(res, x_true, labels, time.perf_counter() - start)
+
+
+def measure(res: attacks_lib.AttackResult, x_true: Any, labels: Any,
+            seconds: float) -> tuple[dict, np.ndarray]:
+  """The metrics of one attack's (host) result; see :func:`attack_gradient`.
+
+  Args:
+    res: an attack's result on the host (one attack, no batch axis).
+    x_true: the client's images ``[B, H, W, C]`` in [0, 1].
+    labels: their labels ``[B]``.
+    seconds: the attack's wall time.
+
+  Returns:
+    ``(metrics, x_rec)`` as :func:`attack_gradient`.
+  """
+  x_true = np.asarray(x_true, np.float32)
   m = metrics_lib.reconstruction_metrics(res.x_rec, x_true)
   x_rec = np.asarray(res.x_rec)[m["perm"]]
   with np.errstate(over="ignore", invalid="ignore"):
@@ -176,7 +192,7 @@ def attack_gradient(model: models_lib.Model, params: Params, shared: Params,
       "finite": m["finite"],
       "diverged": bool(res.diverged or not m["finite"]),
       "label_accuracy": metrics_lib.label_accuracy(
-          np.asarray(res.labels_rec)[m["perm"]], labels),
+          np.asarray(res.labels_rec)[m["perm"]], np.asarray(labels)),
       "final_loss": finite_or_str(res.final_loss),
       "iterations": int(res.iterations),
       "seconds": seconds,

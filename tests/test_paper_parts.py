@@ -1,0 +1,271 @@
+"""The paper parts other than the trade-off: verdict rules and behaviour.
+
+Verdicts are checked on constructed inputs whose answer is known from the
+rules of docs/evaluation.md; the batched attack suite against the one-image
+harness; and, on a fixed seed, that the adaptive ``gs_mask`` attack recovers
+an image through Soteria on the leakage model where the plain attack is
+stopped.
+"""
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from repdef_jax import models
+from repdef_jax.paper import adaptive
+from repdef_jax.paper import batched
+from repdef_jax.paper import convergence
+from repdef_jax.paper import harness
+from repdef_jax.paper import leakage
+from repdef_jax.paper import stats
+from repdef_jax.paper import theorem1
+from repdef_jax.paper import visual
+
+
+def _ci(values):
+  return stats.mean_ci(values)
+
+
+# --------------------------------------------------------------------------
+# Representation leakage.
+
+
+def _recon(rep_ssim, grad_ssim, mse):
+  """A reconstruction summary from per-image SSIMs and per-source MSEs."""
+  out = {"ssim_representation_minus_gradient": stats.paired_difference_ci(
+      rep_ssim, grad_ssim)}
+  for source, values in mse.items():
+    out[source] = {"mse": _ci(values), "ssim": _ci(
+        rep_ssim if source == "representation" else grad_ssim)}
+  return out
+
+
+def _verdicts(rows):
+  return {r["claim"].split(" (")[0]: r["verdict"] for r in rows}
+
+
+def test_repinfer_claims_follow_rules():
+  inference = {"layers": ["fc0", "head"], "seeds": [0, 1, 2],
+               "correlation": {
+                   "fc0": {**_ci([0.95, 0.9, 0.97, 0.93]),
+                           "share_above_0.8": {"value": 1.0}},
+                   "head": {**_ci([0.5, 0.9, 0.7, 0.95]),
+                            "share_above_0.8": {"value": 0.5}}}}
+  rows = leakage.claims(inference, {})
+  assert [r["verdict"] for r in rows] == ["held", "inconclusive"]
+  inference["correlation"]["head"].update(_ci([0.5, 0.6, 0.55, 0.52]))
+  assert leakage.claims(inference, {})[1]["verdict"] == "did not hold"
+
+  close = dict(representation=[1e-3, 2e-3, 1.5e-3],
+               gradient=[1e-4, 2e-4, 1.2e-4], conv_gradient=[0.1, 0.12, 0.09])
+  # Representation as good as the gradient (within 0.1 SSIM); conv fails.
+  v = _verdicts(leakage.claims(None, {"one_image": _recon(
+      [0.97, 0.99, 0.98], [1.0, 0.99, 1.0], close)}))
+  assert v == {"Reconstruction from the inferred representation works as "
+               "from the whole gradient": "held",
+               "Conv-layer gradients alone fail to reconstruct": "held"}
+  # Representation much worse; conv-only as good as the representation.
+  worse = dict(close, conv_gradient=[1e-3, 2e-3, 1.5e-3])
+  v = _verdicts(leakage.claims(None, {"update": _recon(
+      [0.3, 0.35, 0.32], [1.0, 0.99, 1.0], worse)}))
+  assert set(v.values()) == {"did not hold", "inconclusive"}
+  worse["conv_gradient"] = [1e-6, 2e-6, 1e-6]  # below both
+  v = _verdicts(leakage.claims(None, {"update": _recon(
+      [0.3, 0.35, 0.32], [1.0, 0.99, 1.0], worse)}))
+  assert set(v.values()) == {"did not hold"}
+
+
+# --------------------------------------------------------------------------
+# Certified bound.
+
+
+def _cert_cells(distances, bounds, ssim0):
+  """Cells of one seed: rate 0 with the given undefended SSIMs, rate 50 with
+  the given distances and bounds (one attack 'gs')."""
+  def image(d, b, s):
+    return {"certified_bound": b, "pruned_fraction": 0.5,
+            "attacks": {"gs": {"distance": d, "empirical_bound": 0.0,
+                               "ssim": s, "diverged": False}}}
+  return {(0, 0.0): {"images": [image(0.0, 0.0, s) for s in ssim0]},
+          (0, 50.0): {"images": [image(d, b, 0.0)
+                                 for d, b in zip(distances, bounds)]}}
+
+
+def _cert_config():
+  c = ml_collections.ConfigDict()
+  c.success_ssim = 0.6
+  c.panels = {"p": ml_collections.ConfigDict(dict(
+      dataset="mnist", model="logreg", attacks=("gs",)))}
+  return c
+
+
+@pytest.mark.parametrize("distances, ssim0, expected, pairs", [
+    ((2.0, 3.0), (0.9, 0.9), "held", 2),
+    ((2.0, 0.5), (0.9, 0.9), "did not hold", 2),  # one pair below the bound
+    ((2.0, 0.5), (0.9, 0.1), "held", 1),  # failed undefended: not counted
+    ((2.0, 0.5), (0.1, 0.1), "inconclusive (attack fails undefended)", 0),
+])
+def test_certified_claim_counts_only_attacks_that_work(distances, ssim0,
+                                                      expected, pairs):
+  config = _cert_config()
+  panel = theorem1.analyse_panel(config, "p", _cert_cells(
+      distances, (1.0, 1.0), ssim0))
+  assert panel["bound_holds"]["gs"]["pairs"] == pairs
+  (row,) = theorem1.claims(config, {"p": panel})
+  assert row["verdict"] == expected
+
+
+# --------------------------------------------------------------------------
+# Adaptive attacks.
+
+
+def test_adaptive_verdict_rule():
+  low = _ci([0.05, 0.1, 0.08])
+  high = _ci([0.9, 0.95, 0.85])
+  straddle = _ci([0.0, 0.5, 0.1])
+  assert adaptive.verdict(low, 0.8, 0.2) == "holds"
+  assert adaptive.verdict(high, 0.8, 0.2) == "fails"
+  assert adaptive.verdict(straddle, 0.8, 0.2) == "inconclusive"
+  # An attack that fails undefended measures nothing, however low its SSIM.
+  assert adaptive.verdict(low, 0.4, 0.2).startswith("n/a")
+  assert adaptive.verdict(low, None, 0.2).startswith("n/a")
+
+
+def test_adaptive_analyse_pairs_each_attack_with_its_undefended_run():
+  config = ml_collections.ConfigDict(dict(
+      success_ssim=0.6, unrecognisable=0.2,
+      panels={"p": ml_collections.ConfigDict(dict(
+          family="gs", model="leakage", dataset="mnist"))}))
+
+  def images(gs, drop, mask):
+    out = []
+    for a, b, c in zip(gs, drop, mask):
+      attacks = {name: {"ssim": v, "mse_clamped": 1 - v, "mse": 1 - v,
+                        "psnr": 10 * v, "diverged": False}
+                 for name, v in (("gs", a), ("gs_drop", b), ("gs_mask", c))}
+      out.append({"attacks": attacks,
+                  "best": harness.best_of(attacks)})
+    return out
+
+  base = {"panel": "p", "seed": 0, "stage": "init"}
+  cells = [({**base, "variant": "none", "rate": 0.0},
+            {"images": images([0.99, 0.98, 0.97], [0.3, 0.2, 0.1],
+                              [0.99, 0.98, 0.97])}),
+           ({**base, "variant": "reference", "rate": 80.0},
+            {"images": images([0.05, 0.02, 0.01], [0.1, 0.1, 0.1],
+                              [0.95, 0.97, 0.99])})]
+  rows = adaptive.analyse(config, cells)
+  (defended,) = [r for r in rows if r["variant"] != "none"]
+  verdicts = {n: a["verdict"] for n, a in defended["attacks"].items()}
+  assert verdicts == {"gs": "holds", "gs_drop": "n/a (attack fails "
+                      "undefended)", "gs_mask": "fails", "best": "fails"}
+  (row,) = adaptive.claims(config, rows)
+  assert row["value"] == 0.0 and row["verdict"] == "reported"
+
+
+# --------------------------------------------------------------------------
+# Visual comparison and convergence.
+
+
+def _point(defense, strength, ssim):
+  return {"defense": defense, "strength": strength, "per_attack": {
+      "best": {"ssim": _ci(ssim), "success_rate": float(np.mean(
+          [v >= 0.6 for v in ssim]))}}}
+
+
+def _visual_config():
+  return ml_collections.ConfigDict(dict(
+      claim_soteria_rate=60.0, claim_compression_rate=80.0,
+      unrecognisable=0.2, success_ssim=0.6, attacks=("gs",), model="leakage",
+      dataset="cifar10"))
+
+
+def test_visual_claims_follow_rules():
+  config = _visual_config()
+  points = [_point("none", 0.0, [0.99, 0.97, 0.98]),
+            _point("soteria", 60.0, [0.05, 0.1, 0.02]),
+            _point("compression", 80.0, [0.9, 0.85, 0.95])]
+  assert [r["verdict"] for r in visual.claims(config, points)] == [
+      "held", "held"]
+  points[1] = _point("soteria", 60.0, [0.7, 0.8, 0.75])
+  points[2] = _point("compression", 80.0, [0.1, 0.15, 0.05])
+  assert [r["verdict"] for r in visual.claims(config, points)] == [
+      "did not hold", "did not hold"]
+  # The attack fails undefended: nothing is decided.
+  points[0] = _point("none", 0.0, [0.3, 0.2, 0.1])
+  assert {r["verdict"] for r in visual.claims(config, points)} == {
+      "inconclusive (attacks fail undefended)"}
+
+
+def test_convergence_claims_follow_rules():
+  def summary(init, final, diverged=()):
+    return {"name": "s", "defense": "soteria", "diverged_seeds": list(diverged),
+            "initial_loss": _ci(init), "final_loss": _ci(final),
+            "loss_drop": stats.paired_difference_ci(init, final)}
+
+  ln10 = [2.3026] * 3
+  rows = convergence.claims([summary(ln10, [0.5, 0.6, 0.55]),
+                             summary(ln10, [2.5, 2.6, 2.55]),
+                             summary(ln10, [2.2, 2.5, 2.3]),
+                             summary(ln10, [0.5, 0.6, 0.55], diverged=[3])])
+  assert [r["verdict"] for r in rows] == [
+      "held", "did not hold", "inconclusive",
+      "did not hold (training diverged)"]
+
+
+# --------------------------------------------------------------------------
+# The batched attack suite.
+
+
+def test_batched_suite_equals_one_image_harness():
+  """K gradients attacked at once give each one's single-attack metrics."""
+  model = models.get_model("logreg", (8, 8, 1), 4, init="uniform")
+  keys = harness.sweep_keys(0)
+  params = model.init(keys.init)
+  x = jax.random.uniform(keys.data, (3, 1, 8, 8, 1))
+  y = np.array([[0], [1], [3]], np.int32)
+  ka, kd = batched.image_keys(keys, range(3))
+  defense = batched.get_defense("soteria", 50.0, model)
+  _, shared, _ = batched.defend_batch(model, params, defense, x, y, kd)
+  budgets = {"gs": {"iterations": 20, "restarts": 1}}
+  names = ("gs", "gs_mask")
+  entries, recs = batched.attack_suite(model, params, shared, x, y, names,
+                                       ka, budgets=budgets, keep=("gs",))
+  assert recs["gs"].shape == (3, 1, 8, 8, 1)
+  for k in range(3):
+    one = jax.tree_util.tree_map(lambda t, k=k: t[k], shared)
+    _, one_shared, _ = harness.defend(model, params, defense, x[k], y[k],
+                                      kd[k])
+    np.testing.assert_allclose(one_shared["head"]["kernel"],
+                               one["head"]["kernel"], rtol=1e-5, atol=1e-7)
+    single = harness.attack_suite(model, params, one, x[k], y[k], names,
+                                  ka[k], budgets=budgets)
+    for name in names:
+      for metric in ("ssim", "mse_clamped"):
+        assert entries[k]["attacks"][name][metric] == pytest.approx(
+            single["attacks"][name][metric], rel=1e-3, abs=1e-5), (k, name)
+    assert entries[k]["best"]["ssim"] == pytest.approx(
+        single["best"]["ssim"], rel=1e-3, abs=1e-5)
+
+
+def test_gs_mask_recovers_through_soteria_where_gs_is_stopped():
+  """Leakage model, Soteria 80 %, fixed seed: the plain GS attack is stopped
+  (SSIM < 0.3), the mask-aware GS recovers the image (SSIM > 0.9)."""
+  model = models.get_model("leakage", (28, 28, 1), 10)
+  keys = harness.sweep_keys(0)
+  params = model.init(keys.init)
+  x, y = harness.synthetic_images("mnist", 1, seed=0)
+  x, y = x[:, None], y[:, None]
+  ka, kd = batched.image_keys(keys, [0])
+  _, shared, info = batched.defend_batch(
+      model, params, batched.get_defense("soteria", 80.0, model), x, y, kd)
+  (entry,), _ = batched.attack_suite(
+      model, params, shared, x, y, ("gs", "gs_mask"), ka,
+      budgets={"gs": {"iterations": 200, "restarts": 1}})
+  plain, mask = entry["attacks"]["gs"], entry["attacks"]["gs_mask"]
+  print("pruned", info, "gs", plain["ssim"], "gs_mask", mask["ssim"])
+  assert not plain["diverged"] and not mask["diverged"]
+  assert plain["ssim"] < 0.3
+  assert mask["ssim"] > 0.9
+  assert entry["best"]["ssim_attack"] == "gs_mask"
