@@ -7,7 +7,10 @@ Every attack has one signature::
                   labels=None, config=None, **overrides)
 
 and returns an :class:`AttackResult` ``(x_rec, labels_rec, loss_history,
-final_loss, diverged, iterations)``. The attacker uses only what the server
+final_loss, diverged, iterations)``. :func:`run_batch` runs K independent
+attacks (K gradients, K keys, one model) in one jitted program and returns
+the same fields with a leading axis K. ``progress_every`` in a config turns
+on progress reports from inside the jitted loop (:mod:`.progress`). The attacker uses only what the server
 sees: the model, the parameters and the shared (possibly defended) gradient.
 Inputs are checked on the host first (gradient tree matching the parameters,
 finite gradient, image shape fitting the model: clear ``ValueError``).
@@ -30,16 +33,19 @@ import dataclasses
 from typing import Any, Callable, NamedTuple
 
 from repdef_jax.attacks import objectives
+from repdef_jax.attacks import progress
 from repdef_jax.attacks.base import AttackResult
 from repdef_jax.attacks.base import infer_labels
 from repdef_jax.attacks.base import to_host
 from repdef_jax.attacks import dlg  # The module; the function: dlg_attack.
 from repdef_jax.attacks import inverting
 from repdef_jax.attacks.dlg import dlg as dlg_attack
+from repdef_jax.attacks.dlg import dlg_batch
 from repdef_jax.attacks.dlg import DLGConfig
 from repdef_jax.attacks.inverting import box_from_normalization
 from repdef_jax.attacks.inverting import GSConfig
 from repdef_jax.attacks.inverting import inverting_gradients
+from repdef_jax.attacks.inverting import inverting_gradients_batch
 from repdef_jax.attacks.objectives import cosine_distance
 from repdef_jax.attacks.objectives import GradientView
 from repdef_jax.attacks.objectives import l2_distance
@@ -55,12 +61,15 @@ class Attack(NamedTuple):
       config) -> AttackResult``.
     config_cls: the config dataclass (``DLGConfig`` or ``GSConfig``).
     fixed: config fields this variant always sets (e.g. its view).
+    batch_fn: ``batch_fn(model, params, shared_batch, num_images, keys, *,
+      labels, config) -> AttackResult`` with a leading axis K.
   """
 
   name: str
   fn: Callable[..., AttackResult]
   config_cls: type
   fixed: dict
+  batch_fn: Callable[..., AttackResult]
 
   def make_config(self, config: Any = None, **overrides) -> Any:
     """The variant's config: ``config`` (or defaults), overrides, fixed."""
@@ -76,21 +85,31 @@ class Attack(NamedTuple):
     return self.fn(model, params, shared_grads, num_images, key,
                    labels=labels, config=self.make_config(config, **overrides))
 
+  def run_batch(self, model, params, shared_batch, num_images, keys, *,
+                labels=None, config=None, **overrides) -> AttackResult:
+    """K independent attacks in one jitted program (see :func:`run_batch`)."""
+    return self.batch_fn(model, params, shared_batch, num_images, keys,
+                         labels=labels,
+                         config=self.make_config(config, **overrides))
+
 
 _DROP = GradientView(drop_defended=True)
 _MASK = GradientView(mask_from_shared=True)
 
-ATTACKS: dict[str, Attack] = {
-    "dlg": Attack("dlg", dlg_attack, DLGConfig, {}),
-    "idlg": Attack("idlg", dlg_attack, DLGConfig, {"infer_label": True}),
-    "gs": Attack("gs", inverting_gradients, GSConfig, {}),
-    "dlg_drop": Attack("dlg_drop", dlg_attack, DLGConfig, {"view": _DROP}),
-    "gs_drop": Attack("gs_drop", inverting_gradients, GSConfig,
-                      {"view": _DROP}),
-    "dlg_mask": Attack("dlg_mask", dlg_attack, DLGConfig, {"view": _MASK}),
-    "gs_mask": Attack("gs_mask", inverting_gradients, GSConfig,
-                      {"view": _MASK}),
-}
+
+def _dlg(name: str, **fixed) -> Attack:
+  return Attack(name, dlg_attack, DLGConfig, fixed, dlg_batch)
+
+
+def _gs(name: str, **fixed) -> Attack:
+  return Attack(name, inverting_gradients, GSConfig, fixed,
+                inverting_gradients_batch)
+
+
+ATTACKS: dict[str, Attack] = {a.name: a for a in (
+    _dlg("dlg"), _dlg("idlg", infer_label=True), _gs("gs"),
+    _dlg("dlg_drop", view=_DROP), _gs("gs_drop", view=_DROP),
+    _dlg("dlg_mask", view=_MASK), _gs("gs_mask", view=_MASK))}
 ATTACK_NAMES = tuple(ATTACKS)
 
 
@@ -106,10 +125,42 @@ def get_attack(name: str) -> Attack:
   return ATTACKS[name]
 
 
+def run_batch(attack: str | Attack, model, params, shared_batch,
+              num_images: int, keys, *, labels=None, config=None,
+              **overrides) -> AttackResult:
+  """K independent attacks of one kind in one jitted, vmapped program.
+
+  Attack k sees ``shared_batch[k]`` (every leaf indexed on its leading axis),
+  ``keys[k]`` and ``labels[k]``; all share the model, the parameters and the
+  config. Each attack stops (converged or diverged) on its own and is frozen
+  from then on, so a diverging attack does not change the others: attack k
+  equals ``get_attack(attack)(model, params, shared_batch[k], num_images,
+  keys[k], labels=labels[k], ...)`` to float tolerance. Progress
+  (``progress_every``) is reported once per batch.
+
+  Args:
+    attack: a registered name or an :class:`Attack`.
+    model: the attacked model.
+    params: the parameters every gradient was computed at.
+    shared_batch: K shared gradients stacked on a leading axis.
+    num_images: B, images per gradient.
+    keys: ``[K]`` PRNG keys (``jax.random.split(key, K)``).
+    labels: known labels ``[K, B]``, or None.
+    config: the attack's config; ``overrides`` replace its fields.
+
+  Returns:
+    An :class:`AttackResult` whose fields have a leading axis K.
+  """
+  if not isinstance(attack, Attack):
+    attack = get_attack(attack)
+  return attack.run_batch(model, params, shared_batch, num_images, keys,
+                          labels=labels, config=config, **overrides)
+
+
 __all__ = [
     "ATTACKS", "ATTACK_NAMES", "Attack", "AttackResult", "DLGConfig",
     "GSConfig", "GradientView", "box_from_normalization", "cosine_distance",
     "dlg", "dlg_attack", "get_attack", "infer_labels", "inverting",
     "inverting_gradients", "l2_distance",
-    "objectives", "to_host", "total_variation",
+    "objectives", "progress", "run_batch", "to_host", "total_variation",
 ]

@@ -11,7 +11,7 @@ computed its gradient at, and the gradient it shared (possibly defended).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +78,118 @@ def validate_inputs(model: models_lib.Model, params: Params,
   if bool(jnp.any((labels < 0) | (labels >= model.num_classes))):
     raise ValueError(f"labels must lie in [0, {model.num_classes}).")
   return labels.astype(jnp.int32)
+
+
+def check_keys(keys: Any, num: int | None = None) -> jax.Array:
+  """PRNG keys as a typed key array; raises a clear error for anything else.
+
+  Args:
+    keys: one key (``jax.random.key(seed)`` or a raw ``PRNGKey``) or, with
+      ``num``, a batch of ``num`` keys (``jax.random.split(key, num)``).
+    num: the batch size, or None for a single key.
+
+  Returns:
+    A typed key array of shape ``[]`` or ``[num]``.
+  """
+  want = "a PRNG key (jax.random.key(seed))" if num is None else (
+      f"{num} PRNG keys of shape [{num}] (jax.random.split(key, {num}))")
+  arr = keys
+  try:
+    if not jnp.issubdtype(jnp.asarray(arr).dtype, jax.dtypes.prng_key):
+      arr = jax.random.wrap_key_data(jnp.asarray(arr, jnp.uint32))
+  except Exception:  # pylint: disable=broad-except
+    raise ValueError(f"key must be {want}; got {keys!r}.") from None
+  if arr.shape != (() if num is None else (num,)):
+    raise ValueError(f"key must be {want}; got key shape {arr.shape}.")
+  return arr
+
+
+def validate_batch(model: models_lib.Model, params: Params,
+                   shared_batch: Params, num_images: int, keys: Any,
+                   labels: Any = None) -> tuple[int, jax.Array,
+                                                jax.Array | None]:
+  """Host-side checks of a batch of attacks (leading axis K everywhere).
+
+  Args:
+    model: the attacked model.
+    params: its parameters (shared by every attack of the batch).
+    shared_batch: K shared gradients stacked on a leading axis.
+    num_images: B, images per gradient (the same for all K).
+    keys: ``[K]`` PRNG keys.
+    labels: optional known labels ``[K, B]``.
+
+  Returns:
+    ``(K, keys, labels)`` with typed keys and int32 labels (or None).
+  """
+  leaves = jax.tree_util.tree_leaves(shared_batch)
+  if not leaves or any(jnp.ndim(t) < 1 for t in leaves):
+    raise ValueError("shared_batch must be gradients stacked on a leading "
+                     "axis (leaves [K, ...]).")
+  k = int(jnp.shape(leaves[0])[0])
+  if k < 1 or any(jnp.shape(t)[0] != k for t in leaves):
+    raise ValueError("shared_batch leaves must share one leading axis K >= 1;"
+                     f" got {[jnp.shape(t)[0] for t in leaves]}.")
+  first = jax.tree_util.tree_map(lambda t: t[0], shared_batch)
+  validate_inputs(model, params, first, num_images)
+  gradients_lib.check_finite(shared_batch, "shared_batch")
+  keys = check_keys(keys, k)
+  if labels is None:
+    return k, keys, None
+  labels = jnp.asarray(labels)
+  if labels.shape != (k, int(num_images)) or not jnp.issubdtype(
+      labels.dtype, jnp.integer):
+    raise ValueError(f"labels must be integer class ids of shape "
+                     f"[{k}, {num_images}], got {labels.dtype}{labels.shape}.")
+  if bool(jnp.any((labels < 0) | (labels >= model.num_classes))):
+    raise ValueError(f"labels must lie in [0, {model.num_classes}).")
+  return k, keys, labels.astype(jnp.int32)
+
+
+def restart_keys(key: jax.Array, restarts: int) -> jax.Array:
+  """``[R]`` keys of the restarts: ``split(key, R)``, or ``key`` itself for 1.
+
+  So restart r of a run with key k equals a one-restart run with key
+  ``split(k, R)[r]``.
+  """
+  return key[None] if restarts == 1 else jax.random.split(key, restarts)
+
+
+def best_restart(losses: jax.Array, bad: jax.Array) -> jax.Array:
+  """Index of the kept restart over the last axis: lowest finite loss.
+
+  A restart flagged ``bad`` (diverged) or with a non-finite loss never wins
+  over a good one; when every restart is bad, the lowest finite loss wins.
+  """
+  finite = jnp.where(jnp.isfinite(losses), losses, jnp.inf)
+  good = jnp.where(bad, jnp.inf, finite)
+  return jnp.where(jnp.any(~bad & jnp.isfinite(losses), axis=-1),
+                   jnp.argmin(good, axis=-1), jnp.argmin(finite, axis=-1))
+
+
+def batch_map(fn: Callable, size: int, in_axes: tuple) -> Callable:
+  """``jax.vmap(fn, in_axes)`` over a leading axis of ``size``; for size 1,
+  ``fn`` on the squeezed arguments with the outputs expanded (no vmap, so a
+  single attack compiles to the same program as an unbatched one)."""
+  if size != 1:
+    return jax.vmap(fn, in_axes=in_axes)
+
+  def one(*args):
+    args = [a if ax is None else jax.tree_util.tree_map(lambda t: t[0], a)
+            for a, ax in zip(args, in_axes)]
+    return jax.tree_util.tree_map(lambda t: t[None], fn(*args))
+
+  return one
+
+
+def pick(tree: Any, index: jax.Array) -> Any:
+  """``tree[m, index[m]]`` leafwise: one entry of axis 1 per row of axis 0."""
+  return jax.tree_util.tree_map(
+      lambda t: jax.vmap(lambda u, i: u[i])(t, index), tree)
+
+
+def squeeze_result(result: AttackResult) -> AttackResult:
+  """The single attack of a batch-of-one result."""
+  return AttackResult(*(t[0] for t in result))
 
 
 def infer_labels(model: models_lib.Model, shared_grads: Params,

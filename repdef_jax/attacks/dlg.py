@@ -36,6 +36,10 @@ Where this departs from the reference PyTorch code:
   exceeds ``diverge_factor`` times the initial loss, or whose image leaves
   ``[-max_abs_pixel, max_abs_pixel]`` is rejected, the loop stops and the
   result says ``diverged=True`` (PyTorch carries on into NaN).
+* Additions (not in the paper): ``restarts`` independent starts in parallel,
+  keeping the lowest final loss; ``optimizer='linesearch'``, the same
+  directions with a backtracking Armijo search, for settings where plain
+  L-BFGS diverges; :func:`dlg_batch` runs K attacks in one program.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import dataclasses
 import functools
 import math
 import numbers
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,17 +59,22 @@ from repdef_jax import models as models_lib
 from repdef_jax.attacks import base
 from repdef_jax.attacks import lbfgs as lbfgs_lib
 from repdef_jax.attacks import objectives
+from repdef_jax.attacks import progress
 
 Params = Any
 
 
+OPTIMIZERS = ("torch", "linesearch", "optax")
+
+
 @dataclasses.dataclass(frozen=True)
 class DLGConfig:
-  """DLG / iDLG settings (defaults: the reference code's).
+  """DLG / iDLG settings.
 
   Attributes:
     outer_steps: PyTorch ``step`` calls (300 in DLG).
     inner_steps: L-BFGS iterations per outer step (PyTorch ``max_iter`` 20).
+      The budget is ``outer_steps * inner_steps`` gradient evaluations.
     learning_rate: L-BFGS step size (1).
     memory_size: L-BFGS history (100, PyTorch ``history_size``).
     tol: stop once the gradient distance is below this.
@@ -74,10 +83,22 @@ class DLGConfig:
       the image with that hard label.
     view: which gradient entries to match (adaptive attacks).
     diverge_factor: loss above this times the initial loss = diverged.
-    max_abs_pixel: an image entry beyond this magnitude = diverged.
+    max_abs_pixel: an image entry beyond this magnitude = diverged (with
+      the line search: the trial step is rejected).
     optimizer: 'torch' (:func:`repdef_jax.attacks.lbfgs.torch_lbfgs`, the
-      curvature-safe rule of ``torch.optim.LBFGS``; default) or 'optax'
+      curvature-safe rule of ``torch.optim.LBFGS`` without line search, as
+      the paper), 'linesearch' (the same directions with a backtracking
+      Armijo line search: the objective never increases and a non-finite
+      trial halves the step instead of ending the run) or 'optax'
       (``optax.lbfgs(lr, memory_size, linesearch=None)``).
+    restarts: independent random starts (dummy image and label) run in
+      parallel (vmap); the restart with the lowest final objective is kept,
+      a diverged one only when every restart diverged.
+    max_backtracks: line search: halvings of the step before the run stops
+      (the objective cannot be decreased along the direction).
+    armijo: line search: sufficient-decrease constant c1.
+    progress_every: report progress every this many iterations
+      (:mod:`repdef_jax.attacks.progress`); 0: off, no callback compiled.
   """
 
   outer_steps: int = 300
@@ -91,24 +112,38 @@ class DLGConfig:
   diverge_factor: float = 1e4
   max_abs_pixel: float = 1e3
   optimizer: str = "torch"
+  restarts: int = 1
+  max_backtracks: int = 10
+  armijo: float = 1e-4
+  progress_every: int = 0
+
+
+def _check_int(config, name, low):
+  v = getattr(config, name)
+  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
+    raise ValueError(f"{name} must be an integer >= {low}; got {v!r}.")
 
 
 def check_config(config: DLGConfig) -> None:
   """Raises a ValueError naming the field when ``config`` cannot run.
 
-  Host-side, before the jitted loop: ``outer_steps``, ``inner_steps`` and
-  ``memory_size`` must be integers >= 1, ``learning_rate`` a finite number
-  > 0.
+  Host-side, before the jitted loop: ``outer_steps``, ``inner_steps``,
+  ``memory_size``, ``restarts`` and ``max_backtracks`` must be integers
+  >= 1, ``progress_every`` >= 0, ``learning_rate`` a finite number > 0 and
+  ``optimizer`` one of :data:`OPTIMIZERS`.
   """
-  for name in ("outer_steps", "inner_steps", "memory_size"):
-    v = getattr(config, name)
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-      raise ValueError(f"{name} must be an integer >= 1; got {v!r}.")
+  for name in ("outer_steps", "inner_steps", "memory_size", "restarts",
+               "max_backtracks"):
+    _check_int(config, name, 1)
+  _check_int(config, "progress_every", 0)
   lr = config.learning_rate
   if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (
       math.isfinite(lr) and lr > 0):
     raise ValueError(f"learning_rate must be a finite number > 0; got "
                      f"{lr!r}.")
+  if config.optimizer not in OPTIMIZERS:
+    raise ValueError(f"optimizer must be 'torch' or 'optax' (no line search)"
+                     f" or 'linesearch'; got {config.optimizer!r}.")
 
 
 def dlg(model: models_lib.Model, params: Params, shared_grads: Params,
@@ -122,7 +157,7 @@ def dlg(model: models_lib.Model, params: Params, shared_grads: Params,
     shared_grads: the (possibly defended) gradient of the mean loss over
       ``num_images`` images.
     num_images: B, the number of images to reconstruct.
-    key: PRNG key for the dummy image and label.
+    key: PRNG key for the dummy images and labels (split over restarts).
     labels: known labels ``[B]``; when given only the image is optimised.
     config: :class:`DLGConfig` (defaults if None).
 
@@ -137,76 +172,209 @@ def dlg(model: models_lib.Model, params: Params, shared_grads: Params,
   check_config(config)
   labels = base.validate_inputs(model, params, shared_grads, num_images,
                                 labels)
+  key = base.check_keys(key)
+  batch = jax.tree_util.tree_map(lambda t: jnp.asarray(t)[None],
+                                 shared_grads)
+  return base.squeeze_result(_run(
+      model, params, batch, int(num_images), key[None],
+      None if labels is None else labels[None], config))
+
+
+def dlg_batch(model: models_lib.Model, params: Params, shared_batch: Params,
+              num_images: int, keys: jax.Array, *, labels: Any = None,
+              config: DLGConfig | None = None) -> base.AttackResult:
+  """K independent DLG attacks in one jitted program (see :func:`dlg`).
+
+  Args:
+    model: the attacked model.
+    params: the parameters every gradient was computed at.
+    shared_batch: K gradients stacked on a leading axis.
+    num_images: B per gradient.
+    keys: ``[K]`` PRNG keys.
+    labels: known labels ``[K, B]`` or None.
+    config: :class:`DLGConfig`.
+
+  Returns:
+    An AttackResult whose every field has a leading axis K; attack k equals
+    ``dlg(..., shared_batch[k], keys[k], labels[k])`` to float tolerance.
+  """
+  config = config or DLGConfig()
+  check_config(config)
+  _, keys, labels = base.validate_batch(model, params, shared_batch,
+                                        num_images, keys, labels)
+  return _run(model, params, shared_batch, int(num_images), keys, labels,
+              config)
+
+
+def _run(model, params, shared_batch, num_images, keys, labels, config):
+  """The validated batch of attacks (labels ``[K, B]`` or None)."""
   mode = "given" if labels is not None else (
       "infer" if config.infer_label else "learn")
   if labels is None:
-    labels = jnp.zeros((num_images,), jnp.int32)
-  return _dlg_jit(model, params, shared_grads, key, labels,
-                  num_images=int(num_images), mode=mode, config=config)
+    labels = jnp.zeros((keys.shape[0], num_images), jnp.int32)
+  run_id = (progress.start_run() if config.progress_every
+            else jnp.zeros((), jnp.int32))
+  return _dlg_jit(model, params, shared_batch, keys, labels, run_id,
+                  num_images=num_images, mode=mode, config=config)
+
+
+def _optimizer(config: DLGConfig) -> optax.GradientTransformation:
+  if config.optimizer == "optax":
+    return optax.lbfgs(learning_rate=config.learning_rate,
+                       memory_size=config.memory_size, linesearch=None)
+  return lbfgs_lib.torch_lbfgs(config.learning_rate, config.memory_size)
+
+
+class _Run(NamedTuple):
+  """The state of one restart of one attack."""
+
+  z: Any  # {'x': image, 'y': label logits (learned labels only)}
+  opt_state: Any
+  loss: jax.Array
+  grad: Any
+  direction: Any  # line search: the step to try at t = 1
+  t: jax.Array  # line search: the current trial step
+  backtracks: jax.Array
+  fresh: jax.Array  # line search: the memory was just reset
+  loss0: jax.Array
+  done: jax.Array
+  bad: jax.Array
+  n: jax.Array
+  hist: jax.Array
+
+
+def _tree_max_abs(tree):
+  return jnp.max(jnp.stack([jnp.max(jnp.abs(t))
+                            for t in jax.tree_util.tree_leaves(tree)]))
+
+
+def _tree_vdot(a, b):
+  return sum(jnp.vdot(u, v) for u, v in zip(jax.tree_util.tree_leaves(a),
+                                            jax.tree_util.tree_leaves(b)))
 
 
 @functools.partial(jax.jit,
                    static_argnames=("model", "num_images", "mode", "config"))
-def _dlg_jit(model, params, shared_grads, key, labels, *, num_images, mode,
+def _dlg_jit(model, params, shared, keys, labels, run_id, *, num_images, mode,
              config):
-  """The jitted attack; ``mode`` is 'learn', 'infer' or 'given' labels."""
-  kx, ky = jax.random.split(key)
-  shape = (num_images, *model.input_shape)
-  z = {"x": jax.random.normal(kx, shape, jnp.float32)}
-  if mode == "learn":
-    z["y"] = jax.random.normal(ky, (num_images, model.num_classes))
-  elif mode == "infer":
-    labels = base.infer_labels(model, shared_grads, num_images)
-  weights = objectives.view_weights(model, shared_grads, config.view)
+  """K attacks x R restarts; ``mode`` is 'learn', 'infer' or 'given' labels.
 
-  def loss_fn(z):
-    y = jax.nn.softmax(z["y"], axis=-1) if mode == "learn" else labels
+  One ``lax.while_loop`` whose counter is shared by every attack and restart
+  (so progress is reported once per batch); each (attack, restart) stops
+  when it converges or diverges and is frozen from then on.
+  """
+  num, restarts = keys.shape[0], config.restarts
+  total = config.outer_steps * config.inner_steps
+  linesearch = config.optimizer == "linesearch"
+  opt = _optimizer(config)
+  if mode == "infer":
+    labels = jax.vmap(
+        lambda g: base.infer_labels(model, g, num_images))(shared)
+  weights = None if config.view.is_plain else jax.vmap(
+      lambda g: objectives.view_weights(model, g, config.view))(shared)
+
+  def loss_fn(z, g_ref, w, lab):
+    y = jax.nn.softmax(z["y"], axis=-1) if mode == "learn" else lab
     g = gradients_lib.batch_grad(model, params, z["x"], y)
-    return objectives.gradient_distance("l2", g, shared_grads, weights)
+    return objectives.gradient_distance("l2", g, g_ref, w)
 
   value_and_grad = jax.value_and_grad(loss_fn)
-  if config.optimizer == "torch":
-    opt = lbfgs_lib.torch_lbfgs(config.learning_rate, config.memory_size)
-  elif config.optimizer == "optax":
-    opt = optax.lbfgs(learning_rate=config.learning_rate,
-                      memory_size=config.memory_size, linesearch=None)
-  else:
-    raise ValueError(f"optimizer must be 'torch' or 'optax', got "
-                     f"{config.optimizer!r}.")
-  loss0, grad0 = value_and_grad(z)
-  total = config.outer_steps * config.inner_steps
-  hist0 = jnp.full((config.outer_steps,), jnp.nan, jnp.float32)
 
   def converged(loss, grad):
-    gmax = jnp.max(jnp.stack([jnp.max(jnp.abs(g))
-                              for g in jax.tree_util.tree_leaves(grad)]))
-    return (loss < config.tol) | (gmax <= config.grad_tol)
+    return (loss < config.tol) | (_tree_max_abs(grad) <= config.grad_tol)
 
-  init = (0, z, opt.init(z), loss0, grad0,
-          converged(loss0, grad0), jnp.array(False), hist0)
+  def init(key, g_ref, w, lab):
+    kx, ky = jax.random.split(key)
+    z = {"x": jax.random.normal(kx, (num_images, *model.input_shape),
+                                jnp.float32)}
+    if mode == "learn":
+      z["y"] = jax.random.normal(ky, (num_images, model.num_classes))
+    loss, grad = value_and_grad(z, g_ref, w, lab)
+    state = opt.init(z)
+    direction = jax.tree_util.tree_map(jnp.zeros_like, z)
+    if linesearch:
+      direction, state = opt.update(grad, state, z)
+    return _Run(z, state, loss, grad, direction, jnp.ones(()),
+                jnp.zeros((), jnp.int32), jnp.array(True), loss,
+                converged(loss, grad),
+                jnp.array(False), jnp.zeros((), jnp.int32),
+                jnp.full((config.outer_steps,), jnp.nan, jnp.float32))
 
-  def cond(carry):
-    i, _, _, _, _, done, _, _ = carry
-    return (i < total) & ~done
+  def step(i, run, g_ref, w, lab):
+    z, loss, grad = run.z, run.loss, run.grad
+    if linesearch:
+      new_z = jax.tree_util.tree_map(lambda a, d: a + run.t * d, z,
+                                     run.direction)
+    else:
+      updates, new_state = opt.update(grad, run.opt_state, z)
+      new_z = optax.apply_updates(z, updates)
+    new_loss, new_grad = value_and_grad(new_z, g_ref, w, lab)
+    sane = (jnp.isfinite(new_loss) & base.tree_all_finite(new_grad)
+            & base.tree_all_finite(new_z)
+            & (jnp.max(jnp.abs(new_z["x"])) <= config.max_abs_pixel))
+    if linesearch:
+      slope = jnp.minimum(_tree_vdot(grad, run.direction), 0.0)
+      accept = sane & (new_loss <= loss + config.armijo * run.t * slope)
+      direction, new_state = opt.update(new_grad, run.opt_state, new_z)
+      backtracks = jnp.where(accept, 0, run.backtracks + 1)
+      # No decrease along the L-BFGS direction: forget the curvature pairs
+      # and restart from a (scaled) gradient step; stop if that fails too.
+      reset = backtracks > config.max_backtracks
+      stalled = reset & run.fresh
+      reset_dir, reset_state = opt.update(grad, opt.init(z), z)
+      run = run._replace(
+          direction=base.tree_select(
+              accept, direction,
+              base.tree_select(reset, reset_dir, run.direction)),
+          opt_state=base.tree_select(reset, reset_state, run.opt_state),
+          t=jnp.where(accept | reset, 1.0, 0.5 * run.t),
+          backtracks=jnp.where(reset, 0, backtracks),
+          fresh=jnp.where(accept, False, run.fresh | reset))
+      bad = jnp.array(False)
+    else:
+      accept = sane & (new_loss <= config.diverge_factor
+                       * jnp.maximum(run.loss0, 1e-30))
+      stalled = bad = ~accept
+    z, state, loss, grad = base.tree_select(
+        accept, (new_z, new_state, new_loss, new_grad),
+        (z, run.opt_state, loss, grad))
+    new_run = run._replace(
+        z=z, opt_state=state, loss=loss, grad=grad,
+        done=stalled | converged(loss, grad), bad=bad, n=run.n + 1,
+        hist=run.hist.at[i // config.inner_steps].set(loss))
+    return base.tree_select(run.done, run, new_run)
+
+  over_restarts = lambda f, ax: base.batch_map(f, restarts, ax)
+  init_all = base.batch_map(over_restarts(init, (0, None, None, None)), num,
+                            (0, 0, 0, 0))
+  step_all = base.batch_map(
+      over_restarts(step, (None, 0, None, None, None)), num,
+      (None, 0, 0, 0, 0))
+  rkeys = jax.vmap(lambda k: base.restart_keys(k, restarts))(keys)
+  runs = init_all(rkeys, shared, weights, labels)
+
+  def report(i, runs, final=False):
+    losses = jnp.min(jnp.where(runs.bad, jnp.inf, runs.loss), axis=1)
+    progress.emit(config.progress_every, "dlg", total, run_id, i, losses,
+                  jnp.sum(jnp.any(~runs.done, axis=1)), final)
+
+  report(0, runs)
 
   def body(carry):
-    i, z, state, loss, grad, _, _, hist = carry
-    updates, new_state = opt.update(grad, state, z)
-    new_z = optax.apply_updates(z, updates)
-    new_loss, new_grad = value_and_grad(new_z)
-    bad = (~jnp.isfinite(new_loss) | ~base.tree_all_finite(new_grad)
-           | ~base.tree_all_finite(new_z)
-           | (new_loss > config.diverge_factor * jnp.maximum(loss0, 1e-30))
-           | (jnp.max(jnp.abs(new_z["x"])) > config.max_abs_pixel))
-    z, state, loss, grad = base.tree_select(
-        bad, (z, state, loss, grad), (new_z, new_state, new_loss, new_grad))
-    done = bad | converged(loss, grad)
-    hist = hist.at[i // config.inner_steps].set(loss)
-    return i + 1, z, state, loss, grad, done, bad, hist
+    i, runs = carry
+    runs = step_all(i, runs, shared, weights, labels)
+    report(i + 1, runs)
+    return i + 1, runs
 
-  n, z, _, loss, _, _, diverged, hist = jax.lax.while_loop(cond, body, init)
-  hist = jnp.where(jnp.isnan(hist), loss, hist)
+  i, runs = jax.lax.while_loop(
+      lambda c: (c[0] < total) & ~jnp.all(c[1].done), body, (0, runs))
+  report(i, runs, final=True)
+  best = base.best_restart(runs.loss, runs.bad)
+  diverged = jnp.all(runs.bad, axis=1)
+  run = base.pick(runs, best)
+  hist = jnp.where(jnp.isnan(run.hist), run.loss[:, None], run.hist)
   if mode == "learn":
-    labels = jnp.argmax(z["y"], axis=-1).astype(jnp.int32)
-  return base.AttackResult(x_rec=z["x"], labels_rec=labels, loss_history=hist,
-                           final_loss=loss, diverged=diverged, iterations=n)
+    labels = jnp.argmax(run.z["y"], axis=-1).astype(jnp.int32)
+  return base.AttackResult(x_rec=run.z["x"], labels_rec=labels,
+                           loss_history=hist, final_loss=run.loss,
+                           diverged=diverged, iterations=run.n)

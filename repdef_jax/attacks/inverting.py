@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from typing import Any, Sequence
 
 import jax
@@ -47,6 +48,7 @@ from repdef_jax import gradients as gradients_lib
 from repdef_jax import models as models_lib
 from repdef_jax.attacks import base
 from repdef_jax.attacks import objectives
+from repdef_jax.attacks import progress
 
 Params = Any
 
@@ -65,6 +67,8 @@ class GSConfig:
     infer_label: infer labels from the last layer when none are given (else
       labels are required).
     view: which gradient entries to match (adaptive attacks).
+    progress_every: report progress every this many iterations
+      (:mod:`repdef_jax.attacks.progress`); 0: off, no callback compiled.
   """
 
   iterations: int = 2000
@@ -75,6 +79,7 @@ class GSConfig:
   upper: float | tuple[float, ...] = 1.0
   infer_label: bool = True
   view: objectives.GradientView = objectives.GradientView()
+  progress_every: int = 0
 
 
 def box_from_normalization(mean: Sequence[float],
@@ -97,6 +102,30 @@ def step_schedule(learning_rate: float, iterations: int) -> optax.Schedule:
   """lr, times 0.1 at 3/8, 5/8 and 7/8 of ``iterations``."""
   bounds = {int(iterations * f): 0.1 for f in (3 / 8, 5 / 8, 7 / 8)}
   return optax.piecewise_constant_schedule(learning_rate, bounds)
+
+
+def _check(model: models_lib.Model, config: GSConfig, labels: Any) -> None:
+  """Raises a ValueError naming the field when ``config`` cannot run."""
+  if labels is None and not config.infer_label:
+    raise ValueError("labels are required when infer_label=False.")
+  c = model.input_shape[-1]
+  for name in ("lower", "upper"):
+    v = getattr(config, name)
+    if isinstance(v, tuple) and len(v) != c:
+      raise ValueError(f"{name} has {len(v)} values; the model's images have "
+                       f"{c} channels.")
+  lo = np.broadcast_to(np.asarray(config.lower, np.float64), (c,))
+  hi = np.broadcast_to(np.asarray(config.upper, np.float64), (c,))
+  if not np.all(lo < hi):
+    raise ValueError(f"lower must be < upper in every channel; got "
+                     f"lower={config.lower!r}, upper={config.upper!r}.")
+  for name in ("restarts", "iterations"):
+    v = getattr(config, name)
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+      raise ValueError(f"{name} must be an integer >= 1; got {v!r}.")
+  v = config.progress_every
+  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+    raise ValueError(f"progress_every must be an integer >= 0; got {v!r}.")
 
 
 def inverting_gradients(model: models_lib.Model, params: Params,
@@ -127,62 +156,116 @@ def inverting_gradients(model: models_lib.Model, params: Params,
   config = config or GSConfig()
   labels = base.validate_inputs(model, params, shared_grads, num_images,
                                 labels)
-  c = model.input_shape[-1]
-  for name in ("lower", "upper"):
-    v = getattr(config, name)
-    if isinstance(v, tuple) and len(v) != c:
-      raise ValueError(f"{name} has {len(v)} values; the model's images have "
-                       f"{c} channels.")
-  lo = np.broadcast_to(np.asarray(config.lower, np.float64), (c,))
-  hi = np.broadcast_to(np.asarray(config.upper, np.float64), (c,))
-  if not np.all(lo < hi):
-    raise ValueError(f"lower must be < upper in every channel; got "
-                     f"lower={config.lower!r}, upper={config.upper!r}.")
-  if labels is None:
-    if not config.infer_label:
-      raise ValueError("labels are required when infer_label=False.")
-    labels = base.infer_labels(model, shared_grads, int(num_images))
-  if config.restarts < 1 or config.iterations < 1:
-    raise ValueError("restarts and iterations must be >= 1.")
-  return _gs_jit(model, params, shared_grads, key, labels,
-                 num_images=int(num_images), config=config)
+  _check(model, config, labels)
+  key = base.check_keys(key)
+  batch = jax.tree_util.tree_map(lambda t: jnp.asarray(t)[None],
+                                 shared_grads)
+  return base.squeeze_result(_run(
+      model, params, batch, int(num_images), key[None],
+      None if labels is None else labels[None], config))
 
 
-@functools.partial(jax.jit, static_argnames=("model", "num_images", "config"))
-def _gs_jit(model, params, shared_grads, key, labels, *, num_images, config):
+def inverting_gradients_batch(model: models_lib.Model, params: Params,
+                              shared_batch: Params, num_images: int,
+                              keys: jax.Array, *, labels: Any = None,
+                              config: GSConfig | None = None
+                              ) -> base.AttackResult:
+  """K independent GS attacks in one jitted program.
+
+  Args:
+    model: the attacked model.
+    params: the parameters every gradient was computed at.
+    shared_batch: K gradients stacked on a leading axis.
+    num_images: B per gradient.
+    keys: ``[K]`` PRNG keys.
+    labels: known labels ``[K, B]``, or None to infer them.
+    config: :class:`GSConfig`.
+
+  Returns:
+    An AttackResult whose every field has a leading axis K; attack k equals
+    ``inverting_gradients(..., shared_batch[k], keys[k], labels[k])`` to
+    float tolerance.
+  """
+  config = config or GSConfig()
+  _, keys, labels = base.validate_batch(model, params, shared_batch,
+                                        num_images, keys, labels)
+  _check(model, config, labels)
+  return _run(model, params, shared_batch, int(num_images), keys, labels,
+              config)
+
+
+def _run(model, params, shared_batch, num_images, keys, labels, config):
+  """The validated batch of attacks (labels ``[K, B]`` or None: inferred)."""
+  infer = labels is None
+  if infer:
+    labels = jnp.zeros((keys.shape[0], num_images), jnp.int32)
+  run_id = (progress.start_run() if config.progress_every
+            else jnp.zeros((), jnp.int32))
+  return _gs_jit(model, params, shared_batch, keys, labels, run_id,
+                 num_images=num_images, infer=infer, config=config)
+
+
+@functools.partial(jax.jit,
+                   static_argnames=("model", "num_images", "infer", "config"))
+def _gs_jit(model, params, shared, keys, labels, run_id, *, num_images, infer,
+            config):
+  """K attacks x R restarts in one ``lax.scan`` over the iterations."""
+  num, restarts = keys.shape[0], config.restarts
   shape = (num_images, *model.input_shape)
   lower = jnp.asarray(config.lower, jnp.float32)
   upper = jnp.asarray(config.upper, jnp.float32)
-  weights = objectives.view_weights(model, shared_grads, config.view)
+  if infer:
+    labels = jax.vmap(
+        lambda g: base.infer_labels(model, g, num_images))(shared)
+  weights = None if config.view.is_plain else jax.vmap(
+      lambda g: objectives.view_weights(model, g, config.view))(shared)
   opt = optax.adam(step_schedule(config.learning_rate, config.iterations))
 
-  def loss_fn(x):
-    g = gradients_lib.batch_grad(model, params, x, labels)
-    dist = objectives.gradient_distance("cosine", g, shared_grads, weights)
+  def loss_fn(x, g_ref, w, lab):
+    g = gradients_lib.batch_grad(model, params, x, lab)
+    dist = objectives.gradient_distance("cosine", g, g_ref, w)
     return dist + config.tv_weight * objectives.total_variation(x)
 
   value_and_grad = jax.value_and_grad(loss_fn)
 
-  def one_restart(k):
-    x = jax.random.normal(k, shape, jnp.float32)
+  def init(key):
+    x = jax.random.normal(key, shape, jnp.float32)
+    return x, opt.init(x)
 
-    def step(carry, _):
-      x, state = carry
-      loss, grad = value_and_grad(x)
-      updates, state = opt.update(jnp.sign(grad), state, x)
-      x = jnp.clip(optax.apply_updates(x, updates), lower, upper)
-      return (x, state), loss
+  def step(x, state, g_ref, w, lab):
+    loss, grad = value_and_grad(x, g_ref, w, lab)
+    updates, state = opt.update(jnp.sign(grad), state, x)
+    x = jnp.clip(optax.apply_updates(x, updates), lower, upper)
+    return x, state, loss
 
-    (x, _), hist = jax.lax.scan(step, (x, opt.init(x)), None,
-                                length=config.iterations)
-    return x, hist, loss_fn(x)
+  over_restarts = lambda f, ax: base.batch_map(f, restarts, ax)
+  init_all = base.batch_map(over_restarts(init, (0,)), num, (0,))
+  step_all = base.batch_map(
+      over_restarts(step, (0, 0, None, None, None)), num, (0, 0, 0, 0, 0))
+  final_all = base.batch_map(over_restarts(loss_fn, (0, None, None, None)),
+                             num, (0, 0, 0, 0))
+  rkeys = jax.vmap(lambda k: base.restart_keys(k, restarts))(keys)
+  x, state = init_all(rkeys)
+  report = functools.partial(progress.emit, config.progress_every, "gs",
+                             config.iterations, run_id)
+  report(0, jnp.full((num,), jnp.inf), num)
 
-  xs, hists, finals = jax.vmap(one_restart)(
-      jax.random.split(key, config.restarts))
-  scores = jnp.where(jnp.isfinite(finals), finals, jnp.inf)
-  best = jnp.argmin(scores)
-  diverged = ~jnp.isfinite(finals[best]) | ~jnp.all(jnp.isfinite(xs[best]))
+  def body(carry, i):
+    x, state = carry
+    x, state, loss = step_all(x, state, shared, weights, labels)
+    report(i + 1, jnp.min(loss, axis=1), num)
+    return (x, state), loss
+
+  (x, _), hists = jax.lax.scan(body, (x, state),
+                               jnp.arange(config.iterations))
+  finals = final_all(x, shared, weights, labels)
+  report(config.iterations, jnp.min(finals, axis=1), 0, final=True)
+  bad = ~jnp.isfinite(finals) | ~jnp.all(
+      jnp.isfinite(x.reshape(num, restarts, -1)), axis=-1)
+  best = base.best_restart(finals, bad)
+  hist = base.pick(jnp.moveaxis(hists, 0, -1), best)
   return base.AttackResult(
-      x_rec=xs[best], labels_rec=labels.astype(jnp.int32),
-      loss_history=hists[best], final_loss=finals[best], diverged=diverged,
-      iterations=jnp.asarray(config.iterations, jnp.int32))
+      x_rec=base.pick(x, best), labels_rec=labels.astype(jnp.int32),
+      loss_history=hist, final_loss=base.pick(finals, best),
+      diverged=jnp.all(bad, axis=1),
+      iterations=jnp.full((num,), config.iterations, jnp.int32))

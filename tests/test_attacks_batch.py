@@ -1,0 +1,213 @@
+"""Restarts, the line-search L-BFGS, run_batch and progress of the attacks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from repdef_jax import attacks
+from repdef_jax import gradients
+from repdef_jax import models
+from repdef_jax.attacks import base
+from repdef_jax.attacks import progress
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def setup():
+  """Logistic regression on 8x8 images: K one-image gradients."""
+  model = models.get_model("logreg", (8, 8, 1), 4, init="uniform")
+  params = model.init(jax.random.key(0))
+  xs = jax.random.uniform(jax.random.key(1), (K, 1, 8, 8, 1))
+  ys = jnp.arange(K)[:, None] % 4
+  grads = jax.vmap(lambda x, y: gradients.batch_grad(model, params, x, y))(
+      xs, ys)
+  keys = jax.random.split(jax.random.key(2), K)
+  return model, params, grads, keys, ys
+
+
+def _member(tree, k):
+  return jax.tree_util.tree_map(lambda t: t[k], tree)
+
+
+# ------------------------------------------------------------------ restarts
+
+def test_best_restart_prefers_finite_and_not_diverged():
+  losses = jnp.array([[0.1, 0.5, jnp.nan, 0.3],   # 0.1 diverged -> 0.3
+                      [0.4, 0.2, 0.9, 0.8],       # all fine -> 0.2
+                      [0.7, 0.6, jnp.inf, 0.9]])  # all diverged -> 0.6
+  bad = jnp.array([[True, False, False, False],
+                   [False, False, False, False],
+                   [True, True, True, True]])
+  np.testing.assert_array_equal(base.best_restart(losses, bad), [3, 1, 1])
+
+
+@pytest.mark.parametrize("name,overrides", [
+    ("dlg", {"outer_steps": 2, "inner_steps": 4}),
+    ("dlg", {"outer_steps": 2, "inner_steps": 4, "optimizer": "linesearch"}),
+    ("gs", {"iterations": 6}),
+])
+def test_kept_restart_has_the_lowest_loss(setup, name, overrides):
+  model, params, grads, keys, _ = setup
+  attack = attacks.get_attack(name)
+  g, key = _member(grads, 0), keys[0]
+  res = attack(model, params, g, 1, key, restarts=4, **overrides)
+  alone = [attack(model, params, g, 1, k, restarts=1, **overrides)
+           for k in jax.random.split(key, 4)]
+  losses = np.array([float(r.final_loss) for r in alone])
+  best = int(np.argmin(losses))
+  # The restarts differ by far more than the float noise of vmap (which
+  # plain L-BFGS amplifies to ~1e-5 in a few steps).
+  assert np.sort(losses)[1] > losses[best] * (1 + 1e-2)
+  np.testing.assert_allclose(res.final_loss, losses[best], rtol=1e-4)
+  np.testing.assert_allclose(res.x_rec, alone[best].x_rec, atol=1e-4)
+  np.testing.assert_allclose(res.loss_history, alone[best].loss_history,
+                             rtol=1e-4)
+
+
+def test_diverged_restarts_lose(setup):
+  """A tight pixel bound makes some restarts diverge; a finite one wins."""
+  model, params, grads, keys, _ = setup
+  attack = attacks.get_attack("dlg")
+  cfg = dict(outer_steps=2, inner_steps=5, max_abs_pixel=2.5)
+  g, key = _member(grads, 0), keys[0]
+  alone = [attack(model, params, g, 1, k, **cfg)
+           for k in jax.random.split(key, 6)]
+  div = np.array([bool(r.diverged) for r in alone])
+  losses = np.array([float(r.final_loss) for r in alone])
+  assert div.any() and not div.all()
+  # Meaningful only if a diverged restart stopped at a lower loss.
+  assert losses[div].min() < losses[~div].min()
+  res = attack(model, params, g, 1, key, restarts=6, **cfg)
+  assert not bool(res.diverged)
+  np.testing.assert_allclose(res.final_loss, losses[~div].min(), rtol=1e-5)
+  all_bad = attack(model, params, g, 1, key, restarts=6,
+                   **{**cfg, "max_abs_pixel": 1e-3})
+  assert bool(all_bad.diverged)
+
+
+# ------------------------------------------------------------- line search
+
+def test_line_search_converges_where_plain_lbfgs_diverges(setup):
+  model, params, grads, keys, ys = setup
+  attack = attacks.get_attack("idlg")
+  g, key = _member(grads, 2), keys[2]
+  cfg = dict(outer_steps=10, inner_steps=10)
+  plain = attack(model, params, g, 1, key, **cfg)
+  assert bool(plain.diverged)
+  ls = attack(model, params, g, 1, key, optimizer="linesearch", **cfg)
+  assert not bool(ls.diverged)
+  hist = np.asarray(ls.loss_history)
+  assert np.all(np.diff(hist) <= 1e-6 * hist[:-1])  # never increases
+  assert hist[-1] < 1e-6 * hist[0]
+  assert int(ls.labels_rec[0]) == int(ys[2, 0])
+
+
+def test_line_search_never_increases_objective_on_lenet():
+  model = models.get_model("lenet", (12, 12, 1), 4, init="uniform")
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (1, 12, 12, 1))
+  g = gradients.batch_grad(model, params, x, jnp.array([2]))
+  res = attacks.get_attack("idlg")(model, params, g, 1, jax.random.key(3),
+                                   outer_steps=15, inner_steps=1,
+                                   optimizer="linesearch")
+  hist = np.asarray(res.loss_history)
+  assert np.all(np.diff(hist) <= 1e-6 * hist[:-1])
+  assert hist[-1] < hist[0]
+
+
+# ---------------------------------------------------------------- run_batch
+
+@pytest.mark.parametrize("name,overrides", [
+    ("idlg", {"outer_steps": 2, "inner_steps": 5, "optimizer": "linesearch",
+              "restarts": 2}),
+    ("dlg", {"outer_steps": 1, "inner_steps": 3}),
+    ("gs_mask", {"iterations": 8, "restarts": 2}),
+])
+def test_run_batch_equals_loop(setup, name, overrides):
+  model, params, grads, keys, _ = setup
+  attack = attacks.get_attack(name)
+  batch = attacks.run_batch(name, model, params, grads, 1, keys, **overrides)
+  for k in range(K):
+    one = attack(model, params, _member(grads, k), 1, keys[k], **overrides)
+    for field, a, b in zip(one._fields, _member(batch, k), one):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=field)
+
+
+def test_run_batch_diverging_member_does_not_spoil_the_others(setup):
+  model, params, grads, keys, ys = setup
+  # Member 0 gets a huge gradient: its first step leaves the pixel bound.
+  big = jax.tree_util.tree_map(lambda t: t.at[0].multiply(1e4), grads)
+  cfg = dict(outer_steps=1, inner_steps=3, max_abs_pixel=50.0)
+  batch = attacks.run_batch("dlg", model, params, big, 1, keys,
+                            labels=ys, **cfg)
+  diverged = np.asarray(batch.diverged)
+  assert diverged[0] and not diverged[1:].any()
+  for k in range(K):
+    one = attacks.dlg_attack(model, params, _member(big, k), 1, keys[k],
+                             labels=ys[k],
+                             config=attacks.DLGConfig(**cfg))
+    np.testing.assert_allclose(batch.x_rec[k], one.x_rec, atol=1e-5)
+    assert int(batch.iterations[k]) == int(one.iterations)
+
+
+def test_run_batch_checks_its_inputs(setup):
+  model, params, grads, keys, _ = setup
+  with pytest.raises(ValueError, match="3 PRNG keys"):
+    attacks.run_batch("gs", model, params, grads, 1, keys[:2])
+  with pytest.raises(ValueError, match=r"labels must be integer class ids "
+                     r"of shape \[3, 1\]"):
+    attacks.run_batch("gs", model, params, grads, 1, keys,
+                      labels=jnp.zeros((3,), jnp.int32))
+  nan = jax.tree_util.tree_map(lambda t: t.at[2].set(jnp.nan), grads)
+  with pytest.raises(ValueError, match="shared_batch holds NaN"):
+    attacks.run_batch("dlg", model, params, nan, 1, keys)
+
+
+# ----------------------------------------------------------------- progress
+
+@pytest.mark.parametrize("name,overrides,total", [
+    ("gs", {"iterations": 20}, 20),
+    ("dlg", {"outer_steps": 4, "inner_steps": 5, "tol": 0.0,
+             "grad_tol": 0.0}, 20),
+])
+def test_progress_events_and_identical_results(setup, name, overrides, total):
+  model, params, grads, keys, _ = setup
+  events = []
+  with progress.reporting(events.append):
+    on = attacks.run_batch(name, model, params, grads, 1, keys,
+                           progress_every=5, **overrides)
+    jax.block_until_ready(on)
+  off = attacks.run_batch(name, model, params, grads, 1, keys, **overrides)
+  assert [e.iteration for e in events] == [5, 10, 15, 20]
+  assert [e.final for e in events] == [False, False, False, True]
+  assert all(e.total == total and e.losses.shape == (K,) for e in events)
+  assert all(e.elapsed >= 0 for e in events)
+  for a, b in zip(on, off):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_progress_quiet_and_printed(setup, capsys):
+  model, params, grads, keys, _ = setup
+  g = _member(grads, 0)
+  with progress.reporting(None):
+    jax.block_until_ready(attacks.get_attack("gs")(
+        model, params, g, 1, keys[0], iterations=4, progress_every=2))
+  assert capsys.readouterr().err == ""
+  jax.block_until_ready(attacks.get_attack("gs")(
+      model, params, g, 1, keys[0], iterations=4, progress_every=2))
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 2 and err[0].startswith("[gs] 2/4 loss")
+  assert "ETA" in err[0] and "done in" in err[1]
+
+
+def test_bad_progress_and_restarts_values(setup):
+  model, params, grads, keys, _ = setup
+  g = _member(grads, 0)
+  for name, field, value in (("dlg", "restarts", 0),
+                             ("dlg", "progress_every", -1),
+                             ("dlg", "max_backtracks", 0),
+                             ("gs", "progress_every", 1.5)):
+    with pytest.raises(ValueError, match=field):
+      attacks.get_attack(name)(model, params, g, 1, keys[0], **{field: value})
