@@ -33,20 +33,23 @@ Models (paper appendix B and the reference code):
 * ``mlp``: two hidden ReLU layers (width 200 by default).
 * ``logreg``: logistic regression; its representation is the flattened image.
 
-Convolutions come in two formulations with the same parameters (``kernel``
-``[kh, kw, cin, cout]``, ``bias`` ``[cout]``): ``conv_impl='xla'`` calls XLA's
-convolution, ``conv_impl='patches'`` gathers image patches with k*k strided
-slices and does one matrix multiply, and ``conv_impl='s2d'`` rewrites a strided convolution as a stride-1
-convolution on space-to-depth input. 'patches' is faster when per-client
-weight gradients are batched by ``vmap`` (XLA turns those into slow grouped
-convolutions on CPU); 's2d' is faster for the Jacobians of the Soteria score,
-whose cost is the backward pass of strided convolutions. All three give the
-same numbers (tested).
+Convolutions come in three formulations with the same parameters (``kernel``
+``[kh, kw, cin, cout]``, ``bias`` ``[cout]``) and the same numbers (tested):
+``conv_impl='xla'`` calls XLA's strided convolution, ``'patches'`` gathers
+image patches with k*k strided slices and does one matrix multiply, and
+``'s2d'`` runs every convolution, and each of its derivatives, as a stride-1
+NHWC/HWIO convolution (space-to-depth for strides, a custom JVP whose
+transposes keep the canonical kernel layout). ``'auto'`` (the default) picks
+per backend: 's2d' on CPU (XLA's CPU convolutions are fast only in that
+canonical form, and autodiff transposes inside ``lax.scan`` / ``lax.map``
+bodies lose it: ~3x slower), 'xla' on GPU/TPU (cuDNN / the TPU compiler pick
+their own layouts and handle strides). Measurements: ``docs/benchmarks``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Sequence
 
@@ -56,7 +59,7 @@ import jax.numpy as jnp
 
 Params = Any
 
-CONV_IMPLS = ("xla", "patches", "s2d")
+CONV_IMPLS = ("auto", "xla", "patches", "s2d")
 INITS = ("default", "uniform")
 
 
@@ -69,15 +72,30 @@ def _uniform_init(scale: float = 0.5):
   return init
 
 
+def resolve_conv_impl(conv_impl: str, backend: str | None = None) -> str:
+  """'auto' -> 's2d' on CPU, 'xla' on GPU/TPU; any other value unchanged.
+
+  Raises:
+    ValueError: ``conv_impl`` is not one of :data:`CONV_IMPLS`.
+  """
+  if conv_impl not in CONV_IMPLS:
+    raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got "
+                     f"{conv_impl!r}.")
+  if conv_impl != "auto":
+    return conv_impl
+  backend = backend or jax.default_backend()
+  return "s2d" if backend == "cpu" else "xla"
+
+
 class Conv2D(nn.Module):
-  """2-D convolution, NHWC, explicit symmetric padding, two formulations.
+  """2-D convolution, NHWC, explicit symmetric padding, three formulations.
 
   Attributes:
     features: output channels.
     kernel_size: square kernel size.
     strides: stride in both spatial dimensions.
     padding: zero padding on each side (PyTorch convention).
-    impl: 'xla' (lax.conv_general_dilated) or 'patches' (im2col + matmul).
+    impl: 'auto', 'xla', 'patches' or 's2d' (see the module docstring).
     kernel_init: initialiser of the kernel.
     bias_init: initialiser of the bias.
   """
@@ -86,7 +104,7 @@ class Conv2D(nn.Module):
   kernel_size: int
   strides: int = 1
   padding: int = 0
-  impl: str = "xla"
+  impl: str = "auto"
   kernel_init: Callable = nn.initializers.lecun_normal()
   bias_init: Callable = nn.initializers.zeros
 
@@ -98,17 +116,19 @@ class Conv2D(nn.Module):
     bias = self.param("bias", self.bias_init, (self.features,))
     pad = ((self.padding, self.padding), (self.padding, self.padding))
     strides = (self.strides, self.strides)
-    if self.impl == "xla":
+    impl = resolve_conv_impl(self.impl)
+    if impl == "xla":
       y = jax.lax.conv_general_dilated(
-          x, kernel, strides, pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    elif self.impl == "patches":
+          x, kernel, strides, pad, dimension_numbers=_NHWC)
+    elif impl == "patches":
       patches = _patches(x, k, self.strides, self.padding)
       y = patches @ kernel.reshape(k * k * cin, self.features)
-    elif self.impl == "s2d":
-      y = _space_to_depth_conv(x, kernel, self.strides, self.padding)
     else:
-      raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.impl!r}")
+      y = _space_to_depth_conv(x, kernel, self.strides, self.padding)
     return y + bias
+
+
+_NHWC = ("NHWC", "HWIO", "NHWC")
 
 
 def _patches(x, k, stride, padding):
@@ -128,33 +148,86 @@ def _patches(x, k, stride, padding):
   return jnp.concatenate(cols, axis=-1)
 
 
+def _conv(x, w, padding, dimension_numbers=_NHWC):
+  return jax.lax.conv_general_dilated(x, w, (1, 1), padding,
+                                      dimension_numbers=dimension_numbers)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def canonical_conv(x: jax.Array, w: jax.Array, padding) -> jax.Array:
+  """Stride-1 NHWC/HWIO convolution whose derivatives stay canonical.
+
+  Same value as ``lax.conv_general_dilated``. Its JVP is written so that
+  JAX's transposes of it are again NHWC/HWIO convolutions: the input term
+  uses the kernel as an explicit [kh, kw, out, in] array ("HWOI"), whose
+  transpose is a canonical convolution of the cotangent with the flipped
+  kernel; the kernel term convolves ``x`` laid out [C, H, W, N] with the
+  kernel laid out [in, kh, kw, out], whose transpose is the canonical
+  convolution of x^T with the cotangent as kernel. Otherwise XLA's CPU
+  backend runs these transposes in a slow generic loop inside ``lax.scan`` /
+  ``lax.map`` bodies.
+
+  Args:
+    x: ``[N, H, W, Cin]``.
+    w: ``[kh, kw, Cin, Cout]``.
+    padding: ``((top, bottom), (left, right))`` (static).
+  """
+  return _conv(x, w, padding)
+
+
+def _canonical_conv_jvp(padding, primals, tangents):
+  x, w = primals
+  dx, dw = tangents
+  y = _conv(x, w, padding)
+  zero = jax.custom_derivatives.SymbolicZero
+  terms = []
+  if not isinstance(dx, zero):
+    terms.append(_conv(dx, w.transpose(0, 1, 3, 2), padding,
+                       ("NHWC", "HWOI", "NHWC")))
+  if not isinstance(dw, zero):
+    terms.append(_conv(x.transpose(3, 1, 2, 0), dw.transpose(2, 0, 1, 3),
+                       padding, ("CHWN", "IHWO", "HWNC")).transpose(2, 0, 1, 3))
+  dy = sum(terms[1:], terms[0]) if terms else jnp.zeros_like(y)
+  return y, dy
+
+
+canonical_conv.defjvp(_canonical_conv_jvp, symbolic_zeros=True)
+
+
 def _space_to_depth_conv(x, kernel, stride, padding):
   """A strided convolution as a stride-1 convolution on space-to-depth input.
 
   ``y[o] = sum_a xpad[s*o + a] w[a]``; writing ``a = s*u + v`` turns it into
   ``sum_u s2d(xpad)[o + u][v] w[s*u + v]``, a stride-1 convolution over
-  ``s*s*C`` channels with a ``ceil(k/s)`` kernel. XLA's CPU backward pass of a
-  strided convolution is slow; this one's is a plain convolution (about 3x
-  faster for LeNet's Jacobian). Same numbers as the direct convolution.
+  ``s*s*C`` channels with a ``ceil(k/s)`` kernel. When the padding is a
+  multiple of the stride and the image divides by it (LeNet),
+  ``s2d(pad(x, p)) = pad(s2d(x), p / s)``, so the padding stays inside the
+  convolution and its input gradient covers only the real pixels. Every
+  convolution goes through :func:`canonical_conv`. Same numbers as the
+  direct convolution.
   """
   s, p = stride, padding
   k, cout = kernel.shape[0], kernel.shape[3]
   n, h, w, c = x.shape
   ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
   if s == 1:
-    return jax.lax.conv_general_dilated(
-        x, kernel, (1, 1), ((p, p), (p, p)),
-        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return canonical_conv(x, kernel, ((p, p), (p, p)))
   ks = -(-k // s)
-  hp, wp = -(-(h + 2 * p) // s) * s, -(-(w + 2 * p) // s) * s
-  x = jnp.pad(x, ((0, 0), (p, hp - h - p), (p, wp - w - p), (0, 0)))
+  if p % s == 0 and h % s == 0 and w % s == 0:
+    lo = p // s
+    pad = ((lo, max(0, ho + ks - 1 - h // s - lo)),
+           (lo, max(0, wo + ks - 1 - w // s - lo)))
+    hp, wp = h, w
+  else:
+    hp, wp = -(-(h + 2 * p) // s) * s, -(-(w + 2 * p) // s) * s
+    x = jnp.pad(x, ((0, 0), (p, hp - h - p), (p, wp - w - p), (0, 0)))
+    pad = ((0, 0), (0, 0))
   x = x.reshape(n, hp // s, s, wp // s, s, c).transpose(0, 1, 3, 2, 4, 5)
   x = x.reshape(n, hp // s, wp // s, s * s * c)
   kernel = jnp.pad(kernel, ((0, ks * s - k), (0, ks * s - k), (0, 0), (0, 0)))
   kernel = kernel.reshape(ks, s, ks, s, c, cout).transpose(0, 2, 1, 3, 4, 5)
   kernel = kernel.reshape(ks, ks, s * s * c, cout)
-  y = jax.lax.conv_general_dilated(
-      x, kernel, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  y = canonical_conv(x, kernel, pad)
   return y[:, :ho, :wo]
 
 
@@ -166,10 +239,34 @@ def _init_kwargs(scheme: str) -> dict[str, Callable]:
 
 
 class _Classifier(nn.Module):
-  """Base of every model: logits are the layer ``head`` applied to r."""
+  """Base of every model: logits are the layer ``head`` applied to r.
+
+  The representation is split for the Soteria Jacobian
+  (:func:`repdef_jax.defenses.soteria.representation_jacobian_norms`):
+  ``r = top_post(top_pre(bottom(x)))`` with ``top_pre`` the extractor's last
+  affine layer (or a reshape) and ``top_post`` what follows it. When
+  ``top_post`` is elementwise (then a flatten), ``dr_i/dh`` is row i of
+  ``top_pre``'s (constant) Jacobian times ``top_post'(z_i)``, so the Jacobian
+  needs no backward pass through the top layer.
+  """
+
+  # top_post is an elementwise activation followed by a flatten.
+  elementwise_top = True
+  # bottom is the identity (r = top_post(top_pre(x))).
+  identity_bottom = False
 
   def __call__(self, x):
     return self.head(self.features(x))
+
+  def features(self, x):
+    return self.top_post(self.top_pre(self.bottom(x)))
+
+  def bottom(self, x):
+    return x
+
+
+def _flatten(x):
+  return x.reshape(x.shape[0], -1)
 
 
 def _max_pool(x, size):
@@ -182,7 +279,7 @@ class LeNet(_Classifier):
 
   num_classes: int = 10
   init_scheme: str = "default"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
 
   def setup(self):
     kw = _init_kwargs(self.init_scheme)
@@ -193,10 +290,16 @@ class LeNet(_Classifier):
     ]
     self.head = nn.Dense(self.num_classes, name="head", **kw)
 
-  def features(self, x):
-    for conv in self.convs:
+  def bottom(self, x):
+    for conv in self.convs[:-1]:
       x = nn.sigmoid(conv(x))
-    return x.reshape(x.shape[0], -1)
+    return x
+
+  def top_pre(self, h):
+    return self.convs[-1](h)
+
+  def top_post(self, z):
+    return _flatten(nn.sigmoid(z))
 
 
 class ConvNet(_Classifier):
@@ -205,7 +308,8 @@ class ConvNet(_Classifier):
   num_classes: int = 10
   width: int = 64
   init_scheme: str = "default"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
+  elementwise_top = False  # max-pool after the last convolution.
 
   def setup(self):
     w = self.width
@@ -217,12 +321,18 @@ class ConvNet(_Classifier):
     ]
     self.head = nn.Dense(self.num_classes, name="head", **kw)
 
-  def features(self, x):
-    for i, conv in enumerate(self.convs):
+  def bottom(self, x):
+    for i, conv in enumerate(self.convs[:-1]):
       x = nn.relu(conv(x))
-      if i in (5, 7):
+      if i == 5:
         x = _max_pool(x, 3)
-    return x.reshape(x.shape[0], -1)
+    return x
+
+  def top_pre(self, h):
+    return self.convs[-1](h)
+
+  def top_post(self, z):
+    return _flatten(_max_pool(nn.relu(z), 3))
 
 
 class LeNet5(_Classifier):
@@ -231,7 +341,11 @@ class LeNet5(_Classifier):
   num_classes: int = 10
   hidden: Sequence[int] = (120, 84)
   init_scheme: str = "default"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
+
+  @property
+  def elementwise_top(self):
+    return bool(self.hidden)  # Else a max-pool follows the last conv.
 
   def setup(self):
     kw = _init_kwargs(self.init_scheme)
@@ -241,13 +355,20 @@ class LeNet5(_Classifier):
                 for i, h in enumerate(self.hidden)]
     self.head = nn.Dense(self.num_classes, name="head", **kw)
 
-  def features(self, x):
+  def bottom(self, x):
     x = _max_pool(nn.relu(self.conv0(x)), 2)
-    x = _max_pool(nn.relu(self.conv1(x)), 2)
-    x = x.reshape(x.shape[0], -1)
-    for fc in self.fcs:
+    if not self.fcs:
+      return x
+    x = _flatten(_max_pool(nn.relu(self.conv1(x)), 2))
+    for fc in self.fcs[:-1]:
       x = nn.relu(fc(x))
     return x
+
+  def top_pre(self, h):
+    return self.fcs[-1](h) if self.fcs else self.conv1(h)
+
+  def top_post(self, z):
+    return nn.relu(z) if self.fcs else _flatten(_max_pool(nn.relu(z), 2))
 
 
 class Leakage(_Classifier):
@@ -255,16 +376,19 @@ class Leakage(_Classifier):
 
   num_classes: int = 10
   init_scheme: str = "default"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
+  identity_bottom = True
 
   def setup(self):
     kw = _init_kwargs(self.init_scheme)
     self.conv0 = Conv2D(12, 5, padding=2, impl=self.conv_impl, **kw)
     self.head = nn.Dense(self.num_classes, name="head", **kw)
 
-  def features(self, x):
-    x = nn.sigmoid(self.conv0(x))
-    return x.reshape(x.shape[0], -1)
+  def top_pre(self, h):
+    return self.conv0(h)
+
+  def top_post(self, z):
+    return _flatten(nn.sigmoid(z))
 
 
 class MLP(_Classifier):
@@ -273,7 +397,11 @@ class MLP(_Classifier):
   num_classes: int = 10
   hidden: Sequence[int] = (200, 200)
   init_scheme: str = "default"
-  conv_impl: str = "xla"  # Unused; accepted so every model takes it.
+  conv_impl: str = "auto"  # Unused; accepted so every model takes it.
+
+  @property
+  def identity_bottom(self):
+    return len(self.hidden) <= 1
 
   def setup(self):
     kw = _init_kwargs(self.init_scheme)
@@ -281,11 +409,20 @@ class MLP(_Classifier):
                 for i, h in enumerate(self.hidden)]
     self.head = nn.Dense(self.num_classes, name="head", **kw)
 
-  def features(self, x):
-    x = x.reshape(x.shape[0], -1)
-    for fc in self.fcs:
+  def bottom(self, x):
+    if len(self.fcs) <= 1:
+      return x
+    x = _flatten(x)
+    for fc in self.fcs[:-1]:
       x = nn.relu(fc(x))
     return x
+
+  def top_pre(self, h):
+    h = _flatten(h)
+    return self.fcs[-1](h) if self.fcs else h
+
+  def top_post(self, z):
+    return nn.relu(z) if self.fcs else z
 
 
 class LogReg(_Classifier):
@@ -293,15 +430,19 @@ class LogReg(_Classifier):
 
   num_classes: int = 10
   init_scheme: str = "default"
-  conv_impl: str = "xla"  # Unused; accepted so every model takes it.
+  conv_impl: str = "auto"  # Unused; accepted so every model takes it.
+  identity_bottom = True
 
   def setup(self):
     kw = (_init_kwargs(self.init_scheme) if self.init_scheme == "uniform"
           else dict(kernel_init=nn.initializers.zeros))
     self.head = nn.Dense(self.num_classes, name="head", **kw)
 
-  def features(self, x):
-    return x.reshape(x.shape[0], -1)
+  def top_pre(self, h):
+    return _flatten(h)
+
+  def top_post(self, z):
+    return z
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,11 +480,16 @@ class Model:
     params = jax.eval_shape(self.init, jax.random.key(0))
     return defended_params(self, params)["kernel"].shape[0]
 
+  @property
+  def conv_impl(self) -> str:
+    """The convolution formulation ('auto' resolves when applied)."""
+    return self.module.conv_impl
+
   def with_conv_impl(self, conv_impl: str) -> "Model":
     """The same model (same parameters) with another conv formulation."""
-    if conv_impl not in CONV_IMPLS:
-      raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got "
-                       f"{conv_impl!r}.")
+    resolve_conv_impl(conv_impl)  # Validates.
+    if conv_impl == self.module.conv_impl:
+      return self
     return dataclasses.replace(self, module=self.module.clone(
         conv_impl=conv_impl))
 
@@ -384,6 +530,31 @@ class Model:
     """``x [H, W, C] -> r [F]`` for one image, closing over ``params``."""
     return lambda x: self.features(params, x[None])[0]
 
+  # The split r = top_post(top_pre(bottom(x))) (see _Classifier), as pure
+  # functions of (params, batch); used by the Soteria Jacobian.
+
+  @property
+  def elementwise_top(self) -> bool:
+    """Whether ``top_post`` is an elementwise activation then a flatten."""
+    return bool(self.module.elementwise_top)
+
+  @property
+  def identity_bottom(self) -> bool:
+    """Whether ``bottom`` is the identity (r depends on x through top only)."""
+    return bool(self.module.identity_bottom)
+
+  def bottom(self, params: Params, x: jax.Array) -> jax.Array:
+    """Input ``h`` of the representation's last affine layer, ``[B, ...]``."""
+    return self.module.apply({"params": params}, x, method="bottom")
+
+  def top_pre(self, params: Params, h: jax.Array) -> jax.Array:
+    """The last affine layer of the representation, ``z`` ``[B, ...]``."""
+    return self.module.apply({"params": params}, h, method="top_pre")
+
+  def top_post(self, params: Params, z: jax.Array) -> jax.Array:
+    """What follows it: ``r = top_post(z)`` ``[B, F]``."""
+    return self.module.apply({"params": params}, z, method="top_post")
+
 
 def defended_params(model: Model, tree: Params) -> Params:
   """The sub-tree of ``tree`` (params or gradients) of the defended layer."""
@@ -408,7 +579,7 @@ def get_model(name: str,
               num_classes: int = 10,
               *,
               init: str = "default",
-              conv_impl: str = "xla",
+              conv_impl: str = "auto",
               **kwargs) -> Model:
   """Builds a registered model.
 
@@ -419,7 +590,8 @@ def get_model(name: str,
     num_classes: number of classes.
     init: 'default' (flax initialisers) or 'uniform' (U(-0.5, 0.5) on every
       weight and bias, as DLG).
-    conv_impl: 'xla', 'patches' or 's2d' (see module docstring).
+    conv_impl: 'auto' (default: 's2d' on CPU, 'xla' on GPU/TPU), 'xla',
+      'patches' or 's2d' (see the module docstring).
     **kwargs: extra module attributes (e.g. ``width`` for convnet64,
       ``hidden`` for mlp / lenet5).
 
@@ -435,9 +607,7 @@ def get_model(name: str,
                      f"{', '.join(MODEL_NAMES)}.")
   if init not in INITS:
     raise ValueError(f"init must be one of {INITS}, got {init!r}.")
-  if conv_impl not in CONV_IMPLS:
-    raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got "
-                     f"{conv_impl!r}.")
+  resolve_conv_impl(conv_impl)  # Validates.
   input_shape = tuple(int(d) for d in input_shape)
   if len(input_shape) != 3 or min(input_shape) <= 0:
     raise ValueError(f"input_shape must be (H, W, C) with positive sizes, got "

@@ -82,7 +82,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model = "logreg"
   c.model_init = "default"
   c.model_kwargs = ml_collections.ConfigDict()  # e.g. {'width': 16}
-  c.conv_impl = "patches"
+  c.conv_impl = "auto"  # s2d on CPU, xla on GPU/TPU (repdef_jax.models).
   c.partition = "noniid"  # noniid | iid | dirichlet
   c.num_clients = 100
   c.classes_per_client = 2
@@ -273,10 +273,11 @@ def build_fedavg_config(config: ml_collections.ConfigDict,
 
 
 def resolve_client_chunk(client_chunk: int) -> int:
-  """-1 (auto) -> 1 on CPU, 0 (all clients at once) on GPU/TPU."""
-  if client_chunk == -1:
-    return 1 if jax.default_backend() == "cpu" else 0
-  return client_chunk
+  """-1 (auto) -> 1 on CPU, 0 (all clients at once) on GPU/TPU.
+
+  See :func:`repdef_jax.fedavg.resolve_client_chunk`.
+  """
+  return fedavg.resolve_client_chunk(client_chunk)
 
 
 def _checkpoint_manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:

@@ -105,3 +105,77 @@ def test_bad_inputs_name_the_argument():
   params = model.init(jax.random.key(0))
   with pytest.raises(ValueError, match=r"x must be a batch of images of shape"):
     model.apply(params, jnp.zeros((1, 28, 28, 1)))
+
+
+@pytest.mark.parametrize("h,w,cin,stride,padding,k", [
+    (28, 28, 1, 2, 2, 5), (14, 14, 12, 2, 2, 5), (7, 7, 12, 1, 2, 5),
+    (9, 10, 2, 2, 2, 5), (10, 10, 3, 2, 1, 5), (11, 11, 3, 3, 3, 5),
+    (8, 8, 3, 2, 0, 3), (6, 6, 2, 2, 4, 3)])
+def test_s2d_conv_value_gradients_and_jvp_equal_xla(h, w, cin, stride,
+                                                    padding, k):
+  # Padding inside the s2d convolution (p % s == 0, even sizes) and the
+  # explicit-padding fallback; the custom JVP and its transposes.
+  x = jax.random.normal(jax.random.key(0), (2, h, w, cin))
+  ref = models.Conv2D(4, k, strides=stride, padding=padding, impl="xla")
+  s2d = ref.clone(impl="s2d")
+  params = ref.init(jax.random.key(1), x)
+  f1 = lambda p, x: ref.apply(p, x)
+  f2 = lambda p, x: s2d.apply(p, x)
+  np.testing.assert_allclose(f2(params, x), f1(params, x), atol=1e-5)
+  g = jax.random.normal(jax.random.key(2), f1(params, x).shape)
+  grad = lambda f: jax.grad(lambda p, x: jnp.sum(f(p, x) * g), (0, 1))(
+      params, x)
+  jax.tree_util.tree_map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
+      grad(f1), grad(f2))
+  jvp = lambda f: jax.jvp(f, (params, x), (params, x))[1]
+  np.testing.assert_allclose(jvp(f2), jvp(f1), rtol=1e-4, atol=1e-4)
+
+
+def _conv_dim_labels(fn, *args):
+  hlo = jax.jit(fn).lower(*args).compile().as_text()
+  return {l.split("dim_labels=")[1].split(",")[0] for l in hlo.splitlines()
+          if " convolution(" in l}
+
+
+def test_s2d_derivatives_stay_canonical_inside_loops():
+  # XLA's CPU backend runs convolutions fast only in the canonical
+  # NHWC/HWIO form; autodiff's transposes of lax.conv carry an [.., out, in]
+  # kernel that stays non-canonical inside while bodies (~3x slower: the
+  # 'xla' formulation below). 's2d' writes its derivatives so that every
+  # convolution is canonical: checked on the compiled HLO of Jacobian rows
+  # and of training steps inside loops (MNIST shapes; on maps smaller than
+  # the kernel XLA rewrites convolutions its own way).
+  canonical = {"b01f_01io->b01f"}
+  x = jnp.ones((2, 28, 28, 1))
+
+  def fns(model):
+    def jac_rows(p, x):
+      _, vjp = jax.vjp(lambda x: model.features(p, x), x)
+      return jax.lax.map(lambda c: vjp(jnp.broadcast_to(c, (2, c.shape[0])))[
+          0], jnp.eye(model.num_features)[:4])
+
+    def train(p, x):
+      step = lambda p, _: (jax.tree_util.tree_map(
+          lambda a, b: a - 0.1 * b, p, jax.grad(
+              lambda p: jnp.sum(model.apply(p, x) ** 2))(p)), None)
+      return jax.lax.scan(step, p, None, length=2)[0]
+
+    return jac_rows, train
+
+  s2d = models.get_model("lenet", (28, 28, 1), conv_impl="s2d")
+  params = s2d.init(jax.random.key(0))
+  for fn in fns(s2d):
+    assert _conv_dim_labels(fn, params, x) == canonical
+  jac_rows, _ = fns(s2d.with_conv_impl("xla"))
+  assert _conv_dim_labels(jac_rows, params, x) - canonical
+
+
+def test_auto_conv_impl_resolves_per_backend():
+  assert models.resolve_conv_impl("auto", "cpu") == "s2d"
+  assert models.resolve_conv_impl("auto", "gpu") == "xla"
+  assert models.resolve_conv_impl("auto", "tpu") == "xla"
+  assert models.resolve_conv_impl("patches", "cpu") == "patches"
+  assert models.get_model("lenet").conv_impl == "auto"
+  with pytest.raises(ValueError, match="conv_impl"):
+    models.resolve_conv_impl("fft")

@@ -291,3 +291,80 @@ def test_get_defense_registry():
   odd = odd.__class__(**{**odd.__dict__, "defended_path": ("nohead",)})
   with pytest.raises(ValueError, match="defended linear layer"):
     D.get_defense("soteria", 10, model=odd)
+
+
+# --------------------------------------------------------------------------
+# The model-aware Jacobian (issue 12): same numbers as the per-feature vjp.
+
+JAC_MODELS = [
+    ("lenet", (8, 8, 3), {}),
+    ("lenet", (12, 12, 1), {}),
+    ("leakage", (6, 6, 2), {}),
+    ("mlp", (6, 6, 1), dict(hidden=(16, 12))),
+    ("mlp", (6, 6, 1), dict(hidden=(16,))),
+    ("lenet5", (16, 16, 3), {}),
+    ("lenet5", (16, 16, 3), dict(hidden=())),
+    ("convnet64", (12, 12, 3), dict(width=2)),
+    ("logreg", (5, 5, 1), {}),
+]
+
+
+def _naive_norms(model, params, x):
+  """||dr_bi/dx_b|| by one vjp per (example, feature), Python loops."""
+  fn = model.with_conv_impl("xla").feature_fn(params)
+
+  @jax.jit
+  def one(xi, i):
+    r, vjp = jax.vjp(fn, xi)
+    (g,) = vjp(jax.nn.one_hot(i, r.shape[0], dtype=r.dtype))
+    return jnp.linalg.norm(g), r[i]
+
+  f = jax.eval_shape(fn, x[0]).shape[0]
+  out = np.array([[one(xi, i) for i in range(f)] for xi in x])
+  return out[..., 1], out[..., 0]  # r, norms
+
+
+@pytest.mark.parametrize("name,shape,kw", JAC_MODELS)
+def test_representation_jacobian_norms_match_per_feature_vjp(name, shape, kw):
+  model, params, x, _ = _setup(name, shape, b=2, **kw)
+  r_ref, n_ref = _naive_norms(model, params, x)
+  for chunk in (None, 7):  # 7 does not divide F: padded last chunk.
+    r, norms = jax.jit(lambda p, x, c=chunk: S.representation_jacobian_norms(
+        model, p, x, chunk=c))(params, x)
+    np.testing.assert_allclose(r, r_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(norms, n_ref, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,shape,kw", JAC_MODELS[:4])
+def test_representation_jacobian_equals_generic_jacobian(name, shape, kw):
+  model, params, x, _ = _setup(name, shape, b=3, **kw)
+  r_ref, j_ref = S.features_and_jacobian(
+      model.with_conv_impl("xla").feature_fn(params), x, jacobian="rev")
+  r, jac = jax.jit(lambda p, x: S.representation_jacobian(
+      model, p, x, chunk=5))(params, x)
+  np.testing.assert_allclose(r, r_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(jac, j_ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,shape,kw,b", [
+    ("lenet", (8, 8, 3), {}, 1), ("lenet", (8, 8, 3), {}, 4),
+    ("lenet", (12, 12, 1), {}, 3), ("mlp", (6, 6, 1), {}, 5),
+    ("lenet5", (16, 16, 3), {}, 3), ("leakage", (6, 6, 1), {}, 2),
+])
+def test_defense_mask_identical_to_reference_rule(name, shape, kw, b):
+  # The defense (model-aware Jacobian, s2d convolutions, inside jit) against
+  # the reference rule on the per-feature vjp scores of the real examples;
+  # the last example is padding holding other images.
+  model, params, x, y = _setup(name, shape, b=b + 1, **kw)
+  mask = jnp.ones((b + 1,)).at[b].set(0.0)
+  r, norms = _naive_norms(model, params, x[:b])
+  scores = np.sum(norms / (r + model.score_eps), axis=0)
+  want = scores >= np.percentile(scores, 60.0)
+  grads = gradients.batch_grad(model, params, x, y, mask)
+  defense = S.soteria(model, 60.0)
+  out, _ = jax.jit(defense.apply)(grads, base.ClientBatch(params, x, y, mask),
+                                  jax.random.key(0))
+  kept = np.asarray(out["head"]["kernel"] != 0).any(axis=1)
+  nonzero = np.asarray(grads["head"]["kernel"] != 0).any(axis=1)
+  np.testing.assert_array_equal(kept, want & nonzero)
+  assert nonzero.sum() > 0.5 * len(nonzero)  # The comparison says something.

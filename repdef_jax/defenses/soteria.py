@@ -218,6 +218,122 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
   return jax.lax.map(one, x) if chunked else jax.vmap(one)(x)
 
 
+# Soteria's score needs, for every example b and feature i, the row
+# dr_bi/dx_b of the representation Jacobian. With the model split
+# r = top_post(top_pre(bottom(x))) (see repdef_jax.models), the rows for a
+# chunk of features are pulled back through ``bottom`` by one batched vjp;
+# when top_post is elementwise, dr_i/dh = top_post'(z_i) * (row i of
+# top_pre's constant Jacobian), so no backward pass runs through the top
+# layer. Chunks (lax.map) keep the working set small, and ``norms`` reduces
+# each chunk at once: the [B, F, D] Jacobian is never formed.
+
+# Examples x features pulled back at once when ``chunk`` is None: measured on
+# a 2-core CPU (LeNet, MNIST and CIFAR-10 shapes); larger chunks leave the
+# caches.
+_PAIRS_PER_CHUNK = 1536
+
+
+def _auto_chunk(batch: int, num_features: int) -> int:
+  return int(max(1, min(num_features, _PAIRS_PER_CHUNK // max(batch, 1))))
+
+
+def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
+                     chunk: int | None, reduce: bool
+                     ) -> tuple[jax.Array, jax.Array]:
+  """``(r [B, F], out)``: out is ``[B, F]`` row norms or ``[B, F, D]`` rows."""
+  model.check_input(x)
+  h = model.bottom(params, x)
+  z = model.top_pre(params, h)
+  post = lambda zz: model.top_post(params, zz)
+  r = post(z)
+  b, f = r.shape
+  c = _auto_chunk(b, f) if chunk is None else int(chunk)
+  if c < 1:
+    raise ValueError(f"chunk must be a positive int or None, got {chunk}.")
+  c = min(c, f)
+  n = -(-f // c)
+  starts = jnp.arange(n) * c
+
+  def basis(start):  # One-hot rows of features start .. start + c - 1.
+    return (start + jnp.arange(c))[:, None] == jnp.arange(f)[None, :]
+
+  if model.elementwise_top:
+    # top_post'(z), the diagonal of an elementwise map's Jacobian, flattened.
+    dact = jax.jvp(post, (z,), (jnp.ones_like(z),))[1]
+    dact_chunks = jnp.pad(dact, ((0, 0), (0, n * c - f))).reshape(
+        b, n, c).transpose(1, 0, 2)
+    h0 = jnp.zeros(h.shape[1:], h.dtype)
+    _, lin_vjp = jax.vjp(
+        lambda hh: model.top_pre(params, hh[None])[0].reshape(-1), h0)
+
+    def top_rows(start, dact_c):  # [B, c, *h]
+      rows = jax.vmap(lin_vjp)(basis(start).astype(h.dtype))[0]
+      return dact_c.reshape(b, c, *([1] * (h.ndim - 1))) * rows[None]
+  else:
+    _, top_vjp = jax.vjp(lambda hh: post(model.top_pre(params, hh)), h)
+    dact_chunks = jnp.zeros((n,), r.dtype)  # Unused.
+
+    def top_rows(start, dact_c):
+      del dact_c
+      e = basis(start).astype(r.dtype)
+      rows = jax.vmap(lambda ei: top_vjp(jnp.broadcast_to(ei, r.shape))[0])(e)
+      return jnp.moveaxis(rows, 0, 1)
+
+  if model.identity_bottom:
+    pull = lambda t: t
+  else:
+    _, bottom_vjp = jax.vjp(lambda xx: model.bottom(params, xx), x)
+    pull = jax.vmap(lambda t: bottom_vjp(t)[0], in_axes=1, out_axes=1)
+
+  def one(args):
+    start, dact_c = args
+    rows = pull(top_rows(start, dact_c)).reshape(b, c, -1)
+    return jnp.sqrt(jnp.sum(jnp.square(rows), -1)) if reduce else rows
+
+  if model.identity_bottom and model.elementwise_top and reduce:
+    # ||dr_i/dx|| = |top_post'(z_i)| * ||row i of top_pre's Jacobian||.
+    lin_norms = jax.lax.map(
+        lambda start: jnp.sqrt(jnp.sum(jnp.square(jax.vmap(lin_vjp)(
+            basis(start).astype(h.dtype))[0].reshape(c, -1)), -1)), starts)
+    return r, jnp.abs(dact) * lin_norms.reshape(-1)[:f][None, :]
+  out = jax.lax.map(one, (starts, dact_chunks))  # [n, B, c, ...]
+  out = jnp.moveaxis(out, 0, 1).reshape(b, n * c, *out.shape[3:])
+  return r, out[:, :f]
+
+
+def representation_jacobian_norms(model: models_lib.Model, params: Params,
+                                  x: jax.Array, *,
+                                  chunk: int | None = None
+                                  ) -> tuple[jax.Array, jax.Array]:
+  """``r`` and ``||dr_bi/dx_b||_2`` for every example and feature.
+
+  Same numbers as the row norms of :func:`features_and_jacobian` (up to
+  float rounding), without forming the ``[B, F, D]`` Jacobian (see the
+  comment above; ``docs/benchmarks`` has the timings).
+
+  Args:
+    model: the model (its conv formulation is used as is).
+    params: its parameters.
+    x: images ``[B, H, W, C]``.
+    chunk: features pulled back at a time (None: about 1,536 examples x
+      features per chunk).
+
+  Returns:
+    ``(r [B, F], norms [B, F])``.
+  """
+  return _jacobian_chunks(model, params, x, chunk, reduce=True)
+
+
+def representation_jacobian(model: models_lib.Model, params: Params,
+                            x: jax.Array, *, chunk: int | None = None
+                            ) -> tuple[jax.Array, jax.Array]:
+  """``(r [B, F], J [B, F, D])``, the model-aware :func:`features_and_jacobian`.
+
+  Args, formulation: as :func:`representation_jacobian_norms`.
+  """
+  return _jacobian_chunks(model, params, x, chunk, reduce=False)
+
+
 def _pinv_column_norms(jac: jax.Array) -> jax.Array:
   """``||J^+ e_i||_2`` for every i, from the thin SVD of ``J`` [F, D]."""
   u, s, _ = jnp.linalg.svd(jac, full_matrices=False)
@@ -241,10 +357,17 @@ def scores_from_jacobian(r: jax.Array,
     per_example = jnp.linalg.norm(jac, axis=-1) / (r + eps)
   else:
     per_example = -jnp.abs(r) * jax.vmap(_pinv_column_norms)(jac)
+  return _weighted_sum(per_example, weights)
+
+
+def _weighted_sum(per_example: jax.Array,
+                  weights: jax.Array | None) -> jax.Array:
+  """``sum_b w_b * per_example[b]`` over real examples ``[F]``."""
   if weights is not None:
     # where, not multiply: a padded example's inf / nan must not leak in.
-    per_example = jnp.where(weights[:, None] > 0,
-                            per_example * weights[:, None].astype(r.dtype), 0.0)
+    per_example = jnp.where(
+        weights[:, None] > 0,
+        per_example * weights[:, None].astype(per_example.dtype), 0.0)
   return jnp.sum(per_example, axis=0)
 
 
@@ -520,7 +643,7 @@ def soteria(model: models_lib.Model,
             protect_bias: bool = False,
             q: Any = 0,
             jacobian: str = "auto",
-            jacobian_conv_impl: str | None = "s2d",
+            jacobian_conv_impl: str | None = "auto",
             jacobian_chunk: int | None = None) -> base.Defense:
   """The Soteria defense as a :class:`~repdef_jax.defenses.base.Defense`.
 
@@ -538,14 +661,15 @@ def soteria(model: models_lib.Model,
     eps: 'reference' score epsilon; None uses ``model.score_eps``.
     protect_bias: also zero the defended layer's bias gradient.
     q: the perturbation: an int q (0 -> 'q0') or a registered name.
-    jacobian: 'auto', 'rev' or 'fwd' Jacobian mode (see
-      :func:`features_and_jacobian`).
+    jacobian: 'auto' (the model-aware :func:`representation_jacobian_norms`,
+      or :func:`representation_jacobian` for the 'exact' score), or 'rev' /
+      'fwd' to force the generic :func:`features_and_jacobian` mode.
     jacobian_conv_impl: convolution formulation used for the Jacobian
       (same parameters, same numbers up to float rounding; see
-      :mod:`repdef_jax.models`); 's2d' makes the backward pass of strided
-      convolutions several times faster on CPU. None keeps the model's own.
-    jacobian_chunk: rows of the Jacobian computed at a time (memory bound
-      for large models, see :func:`features_and_jacobian`); None = all.
+      :mod:`repdef_jax.models`); 'auto' is 's2d' on CPU (several times
+      faster backward passes) and 'xla' on GPU/TPU. None keeps the model's.
+    jacobian_chunk: features pulled back (rows of the Jacobian computed) at
+      a time, bounding memory; None picks a size.
 
   Returns:
     A Defense named 'soteria' with info keys ``pruned_fraction``,
@@ -571,19 +695,31 @@ def soteria(model: models_lib.Model,
   defended_layer(jax.eval_shape(model.init, jax.random.key(0)), model)
   perturb = PERTURBATIONS[qname]
   jac_model = (model if jacobian_conv_impl is None
-               else model.with_conv_impl(jacobian_conv_impl))
+               else model.with_conv_impl(models_lib.resolve_conv_impl(
+                   jacobian_conv_impl)))
 
   def apply(grads, batch: base.ClientBatch, key):
     del key
     weights = (jnp.ones(batch.x.shape[:1], batch.x.dtype)
                if batch.mask is None else batch.mask.astype(batch.x.dtype))
-    r, jac = features_and_jacobian(jac_model.feature_fn(batch.params), batch.x,
-                                   jacobian=jacobian, chunk=jacobian_chunk)
-    scores = scores_from_jacobian(r, jac, score=score, eps=eps,
-                                  weights=weights)
+    if jacobian == "auto" and score == "reference":
+      r, norms = representation_jacobian_norms(jac_model, batch.params,
+                                               batch.x, chunk=jacobian_chunk)
+      scores = _weighted_sum(norms / (r + eps), weights)
+    else:
+      if jacobian == "auto":
+        r, jac = representation_jacobian(jac_model, batch.params, batch.x,
+                                         chunk=jacobian_chunk)
+      else:
+        r, jac = features_and_jacobian(jac_model.feature_fn(batch.params),
+                                       batch.x, jacobian=jacobian,
+                                       chunk=jacobian_chunk)
+      scores = scores_from_jacobian(r, jac, score=score, eps=eps,
+                                    weights=weights)
+      norms = jnp.linalg.norm(jac, axis=-1)
     active = jnp.any((r != 0) & (weights[:, None] > 0), axis=0)
     ctx = PerturbationInputs(scores=scores, r=r,
-                             jac_row_norms=jnp.linalg.norm(jac, axis=-1),
+                             jac_row_norms=norms,
                              weights=weights, active=active,
                              selection=selection)
     row_scale, info = perturb(ctx, percent)
