@@ -335,6 +335,25 @@ def test_representation_jacobian_norms_match_per_feature_vjp(name, shape, kw):
     np.testing.assert_allclose(norms, n_ref, rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name,shape", [("leakage", (6, 6, 2)),
+                                        ("leakage", (7, 5, 3))])
+def test_linear_row_norms_squared_kernel_equals_layer_jacobian(name, shape):
+  # The one-forward-pass rule (squared kernels on ones) against the layer's
+  # Jacobian, which the fallback (a parameter other than kernel/bias) uses.
+  model, params, x, _ = _setup(name, shape, b=2)
+  h = model.bottom(params, x)
+  fast = S._linear_row_norms(model, params, h)
+  extra = {**params, "extra": {"scale": jnp.ones(())}}
+  slow = S._linear_row_norms(model, extra, h)
+  jac = jax.jacrev(lambda hh: model.top_pre(params, hh[None])[0].reshape(-1))(
+      h[0])
+  np.testing.assert_allclose(
+      slow, np.linalg.norm(np.asarray(jac).reshape(jac.shape[0], -1), axis=1),
+      rtol=1e-6)
+  np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-7)
+  assert float(jnp.min(fast)) < float(jnp.max(fast))  # Borders differ.
+
+
 @pytest.mark.parametrize("name,shape,kw", JAC_MODELS[:4])
 def test_representation_jacobian_equals_generic_jacobian(name, shape, kw):
   model, params, x, _ = _setup(name, shape, b=3, **kw)

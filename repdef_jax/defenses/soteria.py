@@ -292,13 +292,33 @@ def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
 
   if model.identity_bottom and model.elementwise_top and reduce:
     # ||dr_i/dx|| = |top_post'(z_i)| * ||row i of top_pre's Jacobian||.
-    lin_norms = jax.lax.map(
-        lambda start: jnp.sqrt(jnp.sum(jnp.square(jax.vmap(lin_vjp)(
-            basis(start).astype(h.dtype))[0].reshape(c, -1)), -1)), starts)
-    return r, jnp.abs(dact) * lin_norms.reshape(-1)[:f][None, :]
+    return r, jnp.abs(dact) * _linear_row_norms(model, params, h)[None, :]
   out = jax.lax.map(one, (starts, dact_chunks))  # [n, B, c, ...]
   out = jnp.moveaxis(out, 0, 1).reshape(b, n * c, *out.shape[3:])
   return r, out[:, :f]
+
+
+def _linear_row_norms(model: models_lib.Model, params: Params,
+                      h: jax.Array) -> jax.Array:
+  """``[F]`` row norms of the Jacobian of ``top_pre`` (an affine layer).
+
+  Every entry of a convolution's or dense layer's matrix is one kernel entry
+  (or zero), so the squared row norms are the layer with squared kernels and
+  zero biases applied to an all-ones input: one forward pass instead of F
+  pullbacks. Parameters other than kernels and biases would break this: then
+  the norms come from the layer's Jacobian.
+  """
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  names = {getattr(path[-1], "key", None) for path, _ in leaves}
+  if names <= {"kernel", "bias"}:
+    squared = jax.tree_util.tree_map_with_path(
+        lambda path, t: (jnp.square(t) if path[-1].key == "kernel"
+                         else jnp.zeros_like(t)), params)
+    ones = jnp.ones((1, *h.shape[1:]), h.dtype)
+    return jnp.sqrt(model.top_pre(squared, ones)[0].reshape(-1))
+  jac = jax.jacrev(lambda hh: model.top_pre(params, hh[None])[0].reshape(-1))(
+      jnp.zeros(h.shape[1:], h.dtype))
+  return jnp.linalg.norm(jac.reshape(jac.shape[0], -1), axis=-1)
 
 
 def representation_jacobian_norms(model: models_lib.Model, params: Params,
