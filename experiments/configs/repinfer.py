@@ -44,13 +44,13 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
   c.batch_size = 10
   c.lr = 0.01
   c.model = "lenet5"
-  c.conv_impl = "patches"
+  c.conv_impl = "auto"
   # Inference.
   c.M = 10
   c.class_threshold = 2.0
   # Reconstruction (the leakage model), per seed.
   c.recon_model = "leakage"
-  c.recon_conv_impl = "patches"
+  c.recon_conv_impl = "auto"
   c.recon_images = 8  # one-image gradients; 0 skips that setting.
   c.recon_clients = 4  # real client updates; 0 skips that setting.
   c.update_images = 2  # images of distinct classes per attacked client.

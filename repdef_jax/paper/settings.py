@@ -18,13 +18,13 @@ SETTINGS = {
     "paper": dict(partition="noniid", num_clients=100, classes_per_client=2,
                   samples_per_class=100, rounds=200, clients_per_round=10,
                   local_steps=5, batch_size=10, client_lr=0.1,
-                  conv_impl="patches", max_train_examples=0,
+                  conv_impl="auto", max_train_examples=0,
                   max_test_examples=0, checkpoint_every=10, log_every=10),
     # Seconds under tfds mock data (tests).
     "tiny": dict(partition="noniid", num_clients=4, classes_per_client=2,
                  samples_per_class=2, rounds=1, clients_per_round=2,
                  local_steps=1, batch_size=3, client_lr=0.1,
-                 conv_impl="patches", max_train_examples=0,
+                 conv_impl="auto", max_train_examples=0,
                  max_test_examples=20, eval_batch=20, checkpoint_every=1,
                  log_every=1),
 }
