@@ -272,30 +272,30 @@ def test_training_nan_is_detected_and_run_stops_cleanly(mock_env,
 
 def test_benchmark_report_renders_and_is_written_atomically(tmp_path,
                                                             monkeypatch):
-  from experiments import benchmark  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import driver  # pylint: disable=g-import-not-at-top
   from repdef_jax import storage  # pylint: disable=g-import-not-at-top
 
-  child = {"runs": [{"dlg_seconds": 2.0, "dlg_compile_seconds": 5.0,
-                     "dlg_iterations": 6000, "torch_dlg_seconds": 4.0,
-                     "speedup_vs_torch": 2.0, "torch_outer_steps_run": 10,
-                     "torch_threads": 1, "gs_iterations_per_second": 300.0,
-                     "gs_compile_seconds": 3.0}] * 3,
-           "memory": {"dlg lenet": {"xla_total_mib": 5.0,
-                                    "xla_temp_mib": 4.0}},
-           "peak_rss_mib": 900.0, "rss_after_import_mib": 400.0}
-  rows = benchmark.summarize("attack", child, "cpu")
-  rows += benchmark.summarize("fedavg", {"error": "exit 1: boom"}, "cpu")
+  ours = {"seconds": 2.0, "compile_seconds": 5.0,
+          "memory": {"total": 5.0, "temp": 4.0}}
+  rows = [driver._row("attack", "DLG", "LeNet", ours, "torch 2 threads",  # pylint: disable=protected-access
+                      {"seconds": 4.0}, 3.0, 8e9, 100.0),
+          driver._row("fedavg", "plain FedAvg round", "LeNet", ours,  # pylint: disable=protected-access
+                      "torch 2 threads", None, 1.5, None, 100.0,
+                      "torch not installed: no peer")]
   assert rows[0]["ratio"] == 2.0 and rows[0]["target"] == 3.0
   assert rows[0]["met"] is False
-  assert rows[-1]["note"].startswith("failed")
+  assert rows[0]["ours_gflops"] == 4.0 and rows[0]["peer_gflops"] == 2.0
+  assert rows[0]["ours_peak_fraction"] == 0.04
+  assert rows[1]["ratio"] is None and rows[1]["met"] is None
   report = {"machine": {"cpu": "Test CPU", "cores": 2, "backend": "cpu",
-                        "devices": ["cpu:0"], "jax": "x"},
-            "settings": {"quick": True, "runs": 3}, "rows": rows}
-  md = benchmark.render_markdown(report)
-  assert "Test CPU, 2 cores" in md
+                        "devices": ["cpu:0"], "jax": "x",
+                        "load_average": [1.0, 2.0, 3.0]},
+            "settings": {"quick": True}, "rows": rows}
+  md = driver.render_markdown(report)
+  assert "Test CPU (family ?), 2 cores" in md
   assert "| 2.00x | >= 3.00x | no |" in md
-  assert "XLA 5.00 (temp 4.00); RSS peak 900" in md
-  assert "Targets met: 0 of 2" in md
+  assert "| 4.00 (4.0 %) | 2.00 (2.0 %) |" in md
+  assert "Targets met: 0 of 1" in md
   # A kill while replacing BENCHMARKS.md keeps the old file, no temp left.
   path = tmp_path / "BENCHMARKS.md"
   storage.write_text(str(path), "old\n")

@@ -1,0 +1,239 @@
+"""The one timing helper of the benchmarks, with FLOP counts and CPU peak.
+
+* :func:`measure` times a benchmark (:class:`Bench`): a jitted function is
+  lowered and compiled once (compile time separate), and that compiled
+  object is both timed and asked for ``memory_analysis()``; a host callable
+  (a PyTorch peer, an attack that validates its inputs on the host) is
+  called once to warm up and then timed.
+* :func:`xla_flops` counts FLOPs with XLA's cost analysis of a function;
+  the benchmarks count the *reference algorithm* in the direct ``'xla'``
+  convolution formulation, so the count is the same for every
+  implementation and its peers (XLA counts 2 FLOPs per multiply-add and
+  leaves out taps that fall on the zero padding).
+* :func:`cpu_peak` states this CPU's fp32 peak: 2 FMA pipes x 8 fp32 lanes
+  x 2 FLOPs per FMA = 32 FLOPs per cycle per core (AVX2 + FMA; AMD Zen 2-4),
+  times the clock (``/proc/cpuinfo`` / ``lscpu``), times the cores this
+  process may use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import time
+from typing import Any, Callable
+
+import jax
+
+_MIB = 1024.0 * 1024.0
+FLOPS_PER_CYCLE = 32  # 2 FMA pipes x 8 fp32 lanes x 2 (AVX2 + FMA).
+
+
+@dataclasses.dataclass
+class Bench:
+  """A benchmarked computation.
+
+  Attributes:
+    fn: the jitted function (or a host callable, see :func:`measure`).
+    args: its arguments.
+    flops: FLOPs of one call of the reference algorithm (None: unknown).
+    note: what is timed, for the report.
+    meta: what a peer needs to rebuild the same workload (model, batch).
+  """
+
+  fn: Callable[..., Any]
+  args: tuple = ()
+  flops: float | None = None
+  note: str = ""
+  meta: dict = dataclasses.field(default_factory=dict)
+
+
+def measure(bench: Bench, repeats: int = 3,
+            warmup: bool = True) -> dict[str, Any]:
+  """Best-of-``repeats`` seconds of ``bench.fn(*bench.args)``.
+
+  The minimum, not the median: the cores are shared with other jobs, and
+  the fastest run is the one least disturbed by them (the median is also
+  returned).
+
+  Args:
+    bench: the benchmark; a jitted ``fn`` (one with ``.lower``) is lowered
+      and compiled once, and that compiled object is run and asked for
+      ``memory_analysis()``.
+    repeats: timed calls.
+    warmup: make one untimed call first (always done for a jitted
+      function, whose compile time is reported separately); without it a
+      host callable's first call is a timed repeat (for expensive PyTorch
+      peers, which do not compile).
+
+  Returns:
+    ``{'seconds' (min), 'median_seconds', 'compile_seconds', 'repeats',
+    'memory'}`` (memory: :func:`xla_memory` of the compiled program; empty
+    for host callables), plus ``gflops`` when ``bench.flops`` is known.
+  """
+  fn, args = bench.fn, bench.args
+  memory = {}
+  first = None
+  t0 = time.perf_counter()
+  if hasattr(fn, "lower"):
+    compiled = fn.lower(*args).compile()
+    memory = xla_memory(compiled)
+    call = lambda: jax.block_until_ready(compiled(*args))
+    call()
+    first = time.perf_counter() - t0
+  else:
+    call = lambda: jax.block_until_ready(fn(*args))
+    if warmup:
+      call()
+      first = time.perf_counter() - t0
+  times = []
+  for _ in range(max(1, repeats)):
+    t0 = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - t0)
+  best = min(times)
+  out = {"seconds": best, "median_seconds": statistics.median(times),
+         "compile_seconds": max(first - best, 0.0) if first else 0.0,
+         "repeats": len(times), "memory": memory}
+  if bench.flops:
+    out["gflops"] = bench.flops / best / 1e9
+  return out
+
+
+def time_host(fn: Callable[[], Any], repeats: int = 3,
+              warmup: bool = True) -> dict[str, Any]:
+  """:func:`measure` for a zero-argument host callable (PyTorch peers)."""
+  return measure(Bench(fn), repeats, warmup)
+
+
+def xla_flops(fn: Callable[..., Any], *args) -> float:
+  """FLOPs of ``jax.jit(fn)(*args)`` by XLA's cost analysis."""
+  cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0]
+  return float(cost.get("flops", 0.0))
+
+
+def xla_memory(compiled: Any) -> dict[str, float]:
+  """MiB of the buffers of a compiled XLA program (``memory_analysis``).
+
+  Returns:
+    ``{'temp', 'argument', 'output', 'total'}`` in MiB (total = temp +
+    argument + output - alias); empty when the backend does not report it.
+  """
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return {}
+  if m is None:
+    return {}
+  get = lambda name: float(getattr(m, name, 0) or 0) / _MIB
+  out = {"temp": get("temp_size_in_bytes"),
+         "argument": get("argument_size_in_bytes"),
+         "output": get("output_size_in_bytes")}
+  out["total"] = (out["temp"] + out["argument"] + out["output"] -
+                  get("alias_size_in_bytes"))
+  return out
+
+
+def _cpuinfo(key: str) -> str | None:
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.lower().startswith(key):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return None
+
+
+def cores() -> int:
+  """Cores this process may run on."""
+  if hasattr(os, "sched_getaffinity"):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
+
+
+def _lscpu() -> dict[str, str]:
+  try:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True,
+                         timeout=10).stdout
+  except (OSError, subprocess.SubprocessError):
+    return {}
+  return {k.strip().lower(): v.strip() for k, v in
+          (line.split(":", 1) for line in out.splitlines() if ":" in line)}
+
+
+def cpu_peak() -> dict[str, Any]:
+  """fp32 peak GFLOP/s of this CPU and how it is derived.
+
+  peak = cores x GHz x FLOP/cycle/core, with GHz the largest of
+  ``lscpu``'s 'CPU max MHz' (when the hypervisor reports it) and
+  ``/proc/cpuinfo``'s 'cpu MHz', and 32 FLOP/cycle/core: two 256-bit FMA
+  pipes (8 fp32 lanes, 2 FLOPs per FMA). AMD Zen 2-4 (family 23 / 25) have
+  that width also with AVX-512 (Zen 4 splits 512-bit ops over the 256-bit
+  pipes); an Intel CPU with AVX-512 and two 512-bit FMA units would reach
+  64, which is not assumed.
+  """
+  lscpu = _lscpu()
+  mhz = [float(v) for v in (_cpuinfo("cpu mhz"), lscpu.get("cpu max mhz"))
+         if v]
+  ghz = max(mhz) / 1000.0 if mhz else None
+  n = cores()
+  peak = ghz * FLOPS_PER_CYCLE * n if ghz else None
+  flags = (_cpuinfo("flags") or "").split()
+  return {
+      "gflops": peak, "ghz": ghz, "cores": n,
+      "flops_per_cycle_per_core": FLOPS_PER_CYCLE,
+      "avx2": "avx2" in flags, "fma": "fma" in flags,
+      "avx512": "avx512f" in flags,
+      "lscpu_model": lscpu.get("model name"),
+      "lscpu_family_model": f"{lscpu.get('cpu family')}/"
+                            f"{lscpu.get('model')}",
+      "how": (f"{n} cores x {ghz:.3f} GHz x {FLOPS_PER_CYCLE} FLOP/cycle "
+              f"(2 FMA pipes x 8 fp32 lanes x 2 FLOPs; AVX2 + FMA"
+              f"{', AVX-512 executed on the same 256-bit pipes' if 'avx512f' in flags else ''})"
+              f"; clock: max of /proc/cpuinfo 'cpu MHz' and lscpu 'CPU max "
+              f"MHz'; cores: sched_getaffinity" if ghz else "unknown clock"),
+  }
+
+
+def machine_info() -> dict[str, Any]:
+  """CPU, cores, load, versions, backend, git commit and date."""
+  import jaxlib  # pylint: disable=g-import-not-at-top
+  try:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+        text=True, timeout=10,
+        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True, text=True, timeout=10,
+        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    commit, dirty = None, ""
+  return {
+      "cpu": _cpuinfo("model name") or platform.processor() or "unknown",
+      "cpu_family": _cpuinfo("cpu family"),
+      "cores": cores(),
+      "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg")
+                      else None,
+      "python": platform.python_version(),
+      "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+      "backend": jax.default_backend(),
+      "devices": [str(d) for d in jax.devices()],
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "git_commit": commit or None,
+      "tracked_files_modified": bool(dirty),
+      "modified_files": [l[3:] for l in dirty.splitlines()],
+      "peak": cpu_peak(),
+      "peak_rss_mib": resource.getrusage(
+          resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+      "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds"),
+  }

@@ -1,0 +1,283 @@
+"""PyTorch peers: what a researcher would run instead (from the ``[torch]`` extra).
+
+Every peer runs the same model with the same parameters (copied from the
+flax tree) on the same shapes, with ``torch.set_num_threads(threads)``
+(default 2, stated in every row). They are the plain PyTorch ways:
+
+* FedAvg round: a Python loop over clients; each copies the global weights
+  and runs ``torch.optim.SGD`` over its minibatches; the server averages the
+  deltas.
+* Soteria mask: the reference per-feature loop, one
+  ``torch.autograd.grad(r, x, e_i)`` per feature i, batched over the
+  examples. It computes input gradients only (the reference code's
+  ``backward`` also fills every weight gradient, which is slower), so the
+  peer is the faster of the two.
+* Defended round: the FedAvg loop with that mask at every local step,
+  zeroing the pruned columns of the last layer's weight gradient.
+* Per-example gradients: a loop of single-example backward passes.
+* DLG: ``torch.optim.LBFGS(lr=1, history_size=100, max_iter=20)`` on the
+  gradient-matching loss; GS: Adam on the cosine loss + total variation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+_THREADS_NOTE = "torch.set_num_threads({})"
+
+
+def available() -> tuple[bool, str]:
+  """(True, version) when ``import torch`` works, else (False, why)."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    return False, (f"torch not importable ({e}); install the [torch] extra: "
+                   "pip install -e '.[torch]'")
+  return True, torch.__version__
+
+
+def set_threads(threads: int) -> int:
+  """``torch.set_num_threads``; returns the count torch reports."""
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(int(threads))
+  return torch.get_num_threads()
+
+
+def _t(a):
+  import torch  # pylint: disable=g-import-not-at-top
+  return torch.tensor(np.asarray(a, np.float32).copy())
+
+
+def torch_model(model: Any, params: Any):
+  """A PyTorch copy of a repdef_jax model (lenet, leakage, convnet64, mlp).
+
+  Input NCHW, ``forward`` returns logits, ``features`` the representation
+  (flattened in the flax HWC order, so the head weights carry over).
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  from torch import nn  # pylint: disable=g-import-not-at-top
+
+  name = model.name
+  module = model.module
+
+  def conv(p, stride, padding):
+    k = np.asarray(p["kernel"])  # HWIO
+    c = nn.Conv2d(k.shape[2], k.shape[3], k.shape[0], stride=stride,
+                  padding=padding)
+    c.weight.data = _t(k.transpose(3, 2, 0, 1))
+    c.bias.data = _t(p["bias"])
+    return c
+
+  def dense(p):
+    k = np.asarray(p["kernel"])
+    d = nn.Linear(k.shape[0], k.shape[1])
+    d.weight.data = _t(k.T)
+    d.bias.data = _t(p["bias"])
+    return d
+
+  class Net(nn.Module):
+    """The model as a list of (layer, activation, pool) steps."""
+
+    def __init__(self):
+      super().__init__()
+      layers, self.acts, self.pools = [], [], []
+      if name == "lenet":
+        for i, s in enumerate((2, 2, 1, 1)):
+          layers.append(conv(params[f"conv{i}"], s, 2))
+          self.acts.append(torch.sigmoid)
+          self.pools.append(0)
+      elif name == "leakage":
+        layers.append(conv(params["conv0"], 1, 2))
+        self.acts.append(torch.sigmoid)
+        self.pools.append(0)
+      elif name == "convnet64":
+        for i in range(8):
+          layers.append(conv(params[f"conv{i}"], 1, 1))
+          self.acts.append(torch.relu)
+          self.pools.append(3 if i in (5, 7) else 0)
+      elif name == "mlp":
+        for i in range(len(module.hidden)):
+          layers.append(dense(params[f"fc{i}"]))
+          self.acts.append(torch.relu)
+          self.pools.append(0)
+      else:
+        raise ValueError(f"no PyTorch peer for model {name!r}.")
+      self.layers = nn.ModuleList(layers)
+      self.head = dense(params["head"])
+      self.is_mlp = name == "mlp"
+
+    def features(self, x):
+      if self.is_mlp:
+        x = x.permute(0, 2, 3, 1).reshape(x.shape[0], -1)
+      for layer, act, pool in zip(self.layers, self.acts, self.pools):
+        x = act(layer(x))
+        if pool:
+          x = torch.nn.functional.max_pool2d(x, pool)
+      if not self.is_mlp:
+        x = x.permute(0, 2, 3, 1).reshape(x.shape[0], -1)  # HWC flatten.
+      return x
+
+    def forward(self, x):
+      return self.head(self.features(x))
+
+  return Net()
+
+
+def nchw(x) -> Any:
+  """NHWC numpy/JAX images -> a NCHW float32 torch tensor."""
+  return _t(np.asarray(x).transpose(0, 3, 1, 2))
+
+
+def soteria_mask(net, x, percent: float, eps: float = 0.0):
+  """The reference rule: per-feature ``autograd.grad`` loop, percentile mask.
+
+  Returns:
+    (keep mask [F] as a numpy array, scores [F]).
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  x = x.detach().clone().requires_grad_(True)
+  r = net.features(x)
+  b, f = r.shape
+  scores = torch.zeros(f)
+  cot = torch.zeros_like(r)
+  for i in range(f):
+    cot.zero_()
+    cot[:, i] = 1.0
+    (dx,) = torch.autograd.grad(r, x, cot, retain_graph=True)
+    scores[i] = torch.sum(dx.reshape(b, -1).norm(dim=1) / (r[:, i] + eps))
+  scores = scores.detach().numpy()
+  keep = (scores >= np.percentile(scores, percent)).astype(np.float32)
+  return keep, scores
+
+
+def fedavg_round(net, clients: list[tuple[Any, Any]], batch_size: int,
+                 lr: float, defense_percent: float | None = None,
+                 eps: float = 0.0, seed: int = 0,
+                 local_steps: int | None = None) -> None:
+  """One FedAvg round (one local epoch per client), in place on ``net``.
+
+  Args:
+    net: the global model (updated with the averaged delta).
+    clients: per client (x NCHW tensor, y int64 tensor).
+    batch_size: local minibatch size.
+    lr: client SGD learning rate.
+    defense_percent: Soteria pruning rate at every local step (None: off).
+    eps: the score's denominator epsilon.
+    seed: minibatch order.
+    local_steps: None = one local epoch; else that many minibatches
+      (cycling over the shuffled client data).
+  """
+  import copy  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  gen = torch.Generator().manual_seed(seed)
+  global_state = {k: v.clone() for k, v in net.state_dict().items()}
+  total = {k: torch.zeros_like(v) for k, v in global_state.items()}
+  loss_fn = torch.nn.CrossEntropyLoss()
+  for x, y in clients:
+    local = copy.deepcopy(net)
+    opt = torch.optim.SGD(local.parameters(), lr=lr)
+    order = torch.randperm(x.shape[0], generator=gen)
+    starts = list(range(0, x.shape[0], batch_size))
+    if local_steps is not None:
+      starts = [starts[i % len(starts)] for i in range(local_steps)]
+    for s in starts:
+      idx = order[s:s + batch_size]
+      xb, yb = x[idx], y[idx]
+      opt.zero_grad()
+      loss_fn(local(xb), yb).backward()
+      if defense_percent is not None:
+        keep, _ = soteria_mask(local, xb, defense_percent, eps)
+        local.head.weight.grad *= torch.tensor(keep)[None, :]
+      opt.step()
+    for k, v in local.state_dict().items():
+      total[k] += v - global_state[k]
+  net.load_state_dict({k: global_state[k] + total[k] / len(clients)
+                       for k in global_state})
+
+
+def per_example_grads(net, x, y) -> list:
+  """A loop of single-example backward passes (the PyTorch way)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  loss_fn = torch.nn.CrossEntropyLoss()
+  out = []
+  for i in range(x.shape[0]):
+    net.zero_grad()
+    loss_fn(net(x[i:i + 1]), y[i:i + 1]).backward()
+    out.append([p.grad.clone() for p in net.parameters()])
+  return out
+
+
+def _ce_soft(pred, target):
+  import torch  # pylint: disable=g-import-not-at-top
+  return torch.mean(torch.sum(-target * torch.log_softmax(pred, -1), 1))
+
+
+def dlg_runner(net, x_true, label: int, x0, y0, inner_steps: int = 20
+               ) -> Callable[[], float]:
+  """A callable running one DLG outer L-BFGS step (``inner_steps`` iters)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  onehot = torch.nn.functional.one_hot(torch.tensor([label]),
+                                       net.head.out_features).float()
+  true_grads = [g.detach() for g in torch.autograd.grad(
+      _ce_soft(net(x_true), onehot), list(net.parameters()))]
+  dx = x0.detach().clone().requires_grad_(True)
+  dy = y0.detach().clone().requires_grad_(True)
+  opt = torch.optim.LBFGS([dx, dy], lr=1, history_size=100,
+                          max_iter=inner_steps, tolerance_grad=0.0,
+                          tolerance_change=0.0)
+
+  def closure():
+    opt.zero_grad()
+    loss = _ce_soft(net(dx), torch.softmax(dy, -1))
+    grads = torch.autograd.grad(loss, list(net.parameters()),
+                                create_graph=True)
+    diff = sum(((g - t) ** 2).sum() for g, t in zip(grads, true_grads))
+    diff.backward()
+    return diff
+
+  return lambda: float(opt.step(closure))
+
+
+def gs_runner(net, x_true, label: int, x0, tv_weight: float = 1e-4,
+              lr: float = 0.1) -> Callable[[], None]:
+  """A callable running one GS iteration (Adam on the sign of the gradient)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  y = torch.tensor([label])
+  loss_fn = torch.nn.CrossEntropyLoss()
+  params = list(net.parameters())
+  true_grads = [g.detach() for g in torch.autograd.grad(
+      loss_fn(net(x_true), y), params)]
+  dx = x0.detach().clone().requires_grad_(True)
+  opt = torch.optim.Adam([dx], lr=lr)
+
+  def step():
+    opt.zero_grad()
+    grads = torch.autograd.grad(loss_fn(net(dx), y), params,
+                                create_graph=True)
+    dot = sum((g * t).sum() for g, t in zip(grads, true_grads))
+    n1 = torch.sqrt(sum((g * g).sum() for g in grads))
+    n2 = torch.sqrt(sum((t * t).sum() for t in true_grads))
+    tv = (torch.mean(torch.abs(dx[:, :, :, :-1] - dx[:, :, :, 1:])) +
+          torch.mean(torch.abs(dx[:, :, :-1, :] - dx[:, :, 1:, :])))
+    loss = 1 - dot / (n1 * n2) + tv_weight * tv
+    loss.backward()
+    dx.grad.sign_()
+    opt.step()
+    with torch.no_grad():
+      dx.clamp_(0, 1)
+
+  return step
+
+
+def time_calls(fn: Callable[[], Any], repeats: int) -> float:
+  """Median seconds of ``fn()`` after one warm-up call."""
+  fn()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
