@@ -465,9 +465,14 @@ def _env_flag(name: str) -> bool:
   return os.environ.get(name, "") not in ("", "0")
 
 
+def quiet() -> bool:
+  """Whether progress lines are off (``$REPDEF_JAX_QUIET``, ``--quiet``)."""
+  return _env_flag(QUIET_ENV)
+
+
 def _say(message: str) -> None:
   """A progress line on stderr, unless ``$REPDEF_JAX_QUIET`` is set."""
-  if not _env_flag(QUIET_ENV):
+  if not quiet():
     print(f"[repdef_jax.data] {message}", file=sys.stderr, flush=True)
 
 

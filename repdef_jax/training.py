@@ -545,7 +545,8 @@ def _train(config, workdir, saver, model, fcfg, state, data, test, keys,
              f"acc {record.get('test_accuracy', float('nan')):.4f} "
              f"{rate:.2f} rounds/s ETA {eta:.0f}s")
       logger.info(msg)
-      print(msg, flush=True)
+      if not data_lib.quiet():
+        print(msg, flush=True)
   saver.wait()
   distributed.barrier("repdef_jax.training: done")
   records = read_metrics(workdir)

@@ -186,3 +186,12 @@ def test_entry_point_end_to_end(mock_env):
   records = training.read_metrics(str(workdir))
   assert [r["round"] for r in records] == [1, 2]
   assert 0.0 <= records[-1]["test_accuracy"] <= 1.0
+
+
+def test_quiet_run_prints_no_round_lines(mock_env, monkeypatch, capsys):
+  data_dir = mock_env / "data"
+  _run(_config(rounds=2, log_every=1), mock_env / "loud", data_dir)
+  assert "round 2/2" in capsys.readouterr().out
+  monkeypatch.setenv("REPDEF_JAX_QUIET", "1")
+  _run(_config(rounds=2, log_every=1), mock_env / "quiet", data_dir)
+  assert "round" not in capsys.readouterr().out

@@ -391,7 +391,7 @@ class Progress:
     else:
       eta = "ETA ?"
     tag = " (reused)" if skipped else ""
-    if os.environ.get(data_lib.QUIET_ENV, "") not in ("", "0"):
+    if data_lib.quiet():
       return
     print(f"[{self.label}] {self.done}/{self.total} {name}{tag} "
           f"elapsed {elapsed:.0f}s {eta}", file=self.stream, flush=True)
