@@ -3,26 +3,8 @@
 Implements the representation-leakage analysis of Sun et al. 2021, Section 3
 and Appendix A (Algorithms 3 and 4), as pure, jittable JAX functions.
 
-The mechanism. A flax ``Dense`` layer computes ``y = r @ W + b`` with kernel
-``W`` of shape ``[in, out]`` (the paper writes ``W`` as ``[out, in]``, so the
-paper's *row* ``i`` is our kernel *column* ``W[:, i]``). For one example,
-``dL/dW = r delta^T`` with ``delta = dL/dy``, i.e. ``dL/dW[:, j] = delta_j r``
-and ``dL/db[j] = delta_j``. Summed over a batch and over local SGD steps, the
-update ``U = params_after - params_before = -lr sum_t sum_n delta_{j,n,t}
-r_{n,t}``: column ``j`` of a layer's update is a weighted sum of the
-representations entering that layer.
-
-* Last layer (Algorithm 3). With softmax cross-entropy ``delta_c = p_c - y_c``.
-  For a class ``c`` the client trains on, its own examples give ``p_c - 1 < 0``
-  and dominate, so update column ``c`` is a *positive* multiple of (roughly)
-  the class-mean representation; for an absent class every ``delta_c = p_c``
-  is small and positive. Hence present classes have clearly larger column
-  norms, and each such column, rescaled, is the class representation.
-* Earlier layers (Algorithm 4). For the layer mapping ``r_{l-1} -> r_l`` the
-  update column ``j`` is ``-lr sum delta_j r_{l-1}``; it is large for units
-  ``j`` that the class activates strongly. Taking the ``M`` largest-magnitude
-  features of the (already inferred) later representation and averaging the
-  matching sign-corrected columns estimates ``r_{l-1}`` for that class.
+Why it works (column j of a layer's update is a weighted sum of the
+representations entering it): ``docs/design.md``.
 
 Reconstruction (Section 3, "representation leakage"): :func:`reconstruct`
 inverts the feature extractor with L-BFGS inside one ``jit``
