@@ -87,3 +87,21 @@ def test_readme_results_are_the_committed_json_rendered():
   results = os.path.join(ROOT, "docs", "results")
   assert block == report.readme_block(report.collect(results),
                                       "docs/results")
+
+
+def test_publish_copies_results_not_cells(tmp_path):
+  work, dest = str(tmp_path / "run"), str(tmp_path / "published")
+  _fake(work)
+  storage.write_json(os.path.join(work, "tradeoff", "cells", "c.json"), {})
+  storage.write_json(os.path.join(work, "tradeoff", "PART_DONE.json"),
+                     {"command": "x"})
+  storage.write_json(os.path.join(work, "reproduce.json"),
+                     {"tradeoff": {"command": "python -m experiments.tradeoff",
+                                   "seconds": 3.0, "status": "done"}})
+  path = report.publish(work, dest, preset="medium")
+  assert sorted(os.listdir(os.path.join(dest, "tradeoff"))) == [
+      "PART_DONE.json", "tradeoff.json", "tradeoff.png"]
+  text = open(path).read()
+  assert path == os.path.join(dest, "REPORT.md")
+  assert "| ratio vs dp | > 160x | 20 [5, 40] | did not hold |" in text
+  assert "python -m experiments.tradeoff" in text  # runs from reproduce.json

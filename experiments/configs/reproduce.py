@@ -3,9 +3,11 @@ r"""Every experiment of the paper, then REPORT.md.
   python -m experiments.reproduce --preset=quick --workdir=runs/repro \
       --data_dir=$TFDS_DATA_DIR
 
-Presets: quick (a 2-core CPU), full (paper scale, GPU/TPU), tiny (tests, with
---mock_data). --parts=tradeoff,visual runs a subset; --report_only rewrites
-the report; --readme=README.md also refreshes the README's results block.
+Presets: quick (a smoke run), medium (the claims over 3 seeds on a 2-core
+CPU), full (paper scale, GPU/TPU), tiny (tests, with --mock_data).
+--parts=tradeoff,visual runs a subset; --report_only rewrites the report;
+--publish=docs/results copies the results and the report there (no cells or
+checkpoints); --readme=README.md also refreshes the README's results block.
 A rerun skips finished parts and resumes unfinished ones.
 """
 
@@ -21,5 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.mock_data = 0  # Tests: tfds mock data with this many examples per split.
   c.report_only = False
   c.data_dir = ""
+  # e.g. docs/results: the JSON, figures and REPORT.md without the cells.
+  c.publish = ""
   c.readme = ""  # e.g. README.md: refresh its generated results block.
   return c

@@ -182,6 +182,27 @@ def write_report(workdir: str, path: str | None = None, *,
   return path
 
 
+def publish(workdir: str, dest: str, *, preset: str = "") -> str:
+  """Copies a run's deliverables to ``dest`` and writes ``dest/REPORT.md``.
+
+  Deliverables: per part its result JSON, figures and ``PART_DONE.json``,
+  and ``reproduce.json``; never the cells, checkpoints or per-run folders.
+  Parts absent from ``workdir`` leave ``dest`` as it is.
+
+  Returns:
+    The report's path.
+  """
+  names = [os.path.join(part, f) for part, (_, fname, figs) in PARTS.items()
+           for f in (fname, *figs, "PART_DONE.json")] + ["reproduce.json"]
+  for name in names:
+    src = os.path.join(workdir, name)
+    if os.path.exists(src):
+      with open(src, "rb") as f:
+        storage.write_bytes(os.path.join(dest, name), f.read())
+  runs = storage.read_json(os.path.join(dest, "reproduce.json"), {})
+  return write_report(dest, runs=runs, preset=preset)
+
+
 def readme_block(results: dict[str, dict | None], source: str) -> str:
   """The README's results table (between the generated-block markers)."""
   lines = [README_BEGIN, "",

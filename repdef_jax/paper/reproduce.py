@@ -118,7 +118,9 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     config: ``preset``, ``parts`` (comma-separated or a sequence),
       ``mock_data`` (tests: run every part under tfds mock data with this
       many examples per split; 0 = off), ``report_only``, ``data_dir``,
-      ``readme`` (a README whose generated results block is refreshed).
+      ``publish`` (a folder receiving the deliverables and the report,
+      :func:`repdef_jax.paper.report.publish`), ``readme`` (a README whose
+      generated results block is refreshed from the published folder).
     workdir: output folder.
 
   Returns:
@@ -144,8 +146,10 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     runs = run_parts(config.preset, workdir, config.data_dir or None, parts,
                      config.mock_data)
   path = report.write_report(workdir, runs=runs, preset=config.preset)
+  if config.get("publish"):
+    path = report.publish(workdir, config.publish, preset=config.preset)
   if config.get("readme"):
-    report.update_readme(config.readme, workdir)
+    report.update_readme(config.readme, config.get("publish") or workdir)
   failed = [p for p, r in runs.items()
             if str(r.get("status", "")).startswith("FAILED")]
   return {"report": path, "runs": runs, "failed": failed}
