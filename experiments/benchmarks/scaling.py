@@ -1,6 +1,6 @@
 """What a FedAvg round costs on one device, many devices, many processes, Flower.
 
-  python -m experiments.benchmark_scaling [--rounds=20] [--out=FILE.json]
+  python -m experiments.benchmarks.scaling [--rounds=20] [--out=FILE.json]
 
 The paper's MNIST FedAvg round (logistic regression, 100 clients of 200
 synthetic 28x28 images, 10 sampled per round, 5 local steps of batch 10,
@@ -135,7 +135,7 @@ def _spawn(mode, rounds, devices, processes=1):
              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
   coordinator = f"localhost:{_free_port()}"
   procs = [subprocess.Popen(
-      [sys.executable, "-m", "experiments.benchmark_scaling", "--child",
+      [sys.executable, "-m", "experiments.benchmarks.scaling", "--child",
        mode, str(rounds), str(i), coordinator], env=env,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(processes)]
@@ -154,9 +154,14 @@ def main(argv):
   rounds, out_path = ROUNDS, None
   for arg in argv[1:]:
     if arg.startswith("--rounds="):
-      rounds = int(arg.split("=", 1)[1])
+      if not (arg[9:].isdigit() and int(arg[9:])):
+        sys.exit(f"--rounds must be a positive integer; got {arg[9:]!r}.")
+      rounds = int(arg[9:])
     elif arg.startswith("--out="):
       out_path = arg.split("=", 1)[1]
+    else:  # --help or anything unknown: the usage line, nothing runs.
+      print(__doc__.splitlines()[2].strip())
+      sys.exit(0 if arg in ("-h", "--help") else 2)
   load = os.getloadavg()[0]
   results = {
       "one device": _spawn("one_device", rounds, 1),
