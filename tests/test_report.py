@@ -105,3 +105,12 @@ def test_publish_copies_results_not_cells(tmp_path):
   assert path == os.path.join(dest, "REPORT.md")
   assert "| ratio vs dp | > 160x | 20 [5, 40] | did not hold |" in text
   assert "python -m experiments.tradeoff" in text  # runs from reproduce.json
+  # A part published from another workdir keeps the first one's runs.
+  other = str(tmp_path / "other")
+  storage.write_json(os.path.join(other, "visual", "visual.json"),
+                     {"claims": []})
+  storage.write_json(os.path.join(other, "reproduce.json"),
+                     {"visual": {"command": "python -m experiments.visual",
+                                 "seconds": 1.0, "status": "done"}})
+  text = open(report.publish(other, dest)).read()
+  assert "experiments.tradeoff" in text and "experiments.visual" in text

@@ -186,20 +186,24 @@ def publish(workdir: str, dest: str, *, preset: str = "") -> str:
   """Copies a run's deliverables to ``dest`` and writes ``dest/REPORT.md``.
 
   Deliverables: per part its result JSON, figures and ``PART_DONE.json``,
-  and ``reproduce.json``; never the cells, checkpoints or per-run folders.
-  Parts absent from ``workdir`` leave ``dest`` as it is.
+  and the runs of ``reproduce.json`` (merged into ``dest``'s); never the
+  cells, checkpoints or per-run folders. Parts absent from ``workdir`` leave
+  ``dest`` as it is, so parts run in several workdirs publish into one.
 
   Returns:
     The report's path.
   """
   names = [os.path.join(part, f) for part, (_, fname, figs) in PARTS.items()
-           for f in (fname, *figs, "PART_DONE.json")] + ["reproduce.json"]
+           for f in (fname, *figs, "PART_DONE.json")]
   for name in names:
     src = os.path.join(workdir, name)
     if os.path.exists(src):
       with open(src, "rb") as f:
         storage.write_bytes(os.path.join(dest, name), f.read())
-  runs = storage.read_json(os.path.join(dest, "reproduce.json"), {})
+  # Runs of parts published earlier (e.g. from another workdir) are kept.
+  runs = {**storage.read_json(os.path.join(dest, "reproduce.json"), {}),
+          **storage.read_json(os.path.join(workdir, "reproduce.json"), {})}
+  storage.write_json(os.path.join(dest, "reproduce.json"), runs)
   return write_report(dest, runs=runs, preset=preset)
 
 
