@@ -90,11 +90,15 @@ def _row(part: str, benchmark: str, config: str, ours: dict[str, Any],
       "note": note}
 
 
-def _peer(make: Callable[[], Any], repeats: int, has_torch: bool,
-          warmup: bool = True) -> tuple[dict[str, Any] | None, str]:
+def _pair(bench: timing.Bench, make: Callable[[], Any], repeats: int,
+          has_torch: bool = True, warmup: bool = True
+          ) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
+  """(ours, peer, note): both timed interleaved (:func:`timing.compare`)."""
   if not has_torch:
-    return None, "torch not installed: no peer"
-  return timing.time_host(make(), repeats, warmup), ""
+    return (timing.measure(bench, repeats), None,
+            "torch not installed: no peer")
+  ours, peer = timing.compare(bench, make(), repeats, warmup)
+  return ours, peer, ""
 
 
 def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
@@ -125,8 +129,8 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
       bench = fedavg.build_round(input_shape=shape, batch_size=b,
                                  clients=s["plain_clients"],
                                  per_client=s["per_client"])
-      ours = timing.measure(bench, reps)
-      peer, note = _peer(lambda: fedavg.torch_round(bench), reps, has_torch)
+      ours, peer, note = _pair(bench, lambda: fedavg.torch_round(bench),
+                               reps, has_torch)
       add(_row("fedavg", "plain FedAvg round", f"LeNet {sname}, {bench.note}",
                ours, tname, peer, 1.5, bench.flops, peak, note))
     for b in s["defended_batches"]:
@@ -134,9 +138,8 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
                                  clients=s["defended_clients"],
                                  per_client=s["per_client"],
                                  defense_percent=60.0)
-      ours = timing.measure(bench, 2)
-      peer, note = _peer(lambda: fedavg.torch_round(bench), 2, has_torch,
-                         warmup=False)
+      ours, peer, note = _pair(bench, lambda: fedavg.torch_round(bench), 2,
+                               has_torch, warmup=False)
       add(_row("fedavg", "defended round (Soteria 60 % every step)",
                f"LeNet {sname}, {bench.note}", ours, tname, peer, 3.0,
                bench.flops, peak, note))
@@ -163,16 +166,17 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
   if "defense" in parts:
     for b in s["mask_batches"]:
       bench = defense.build_mask(input_shape=shape, batch=b)
-      ours = timing.measure(bench, reps)
-      note = ""
-      peer = None
-      if has_torch:
-        make, equal = defense.torch_mask(bench)
-        peer = (timing.time_host(make, 2, warmup=False) if b > 1
-                else timing.time_host(make, reps))
+      equal = None
+
+      def make(bench=bench):
+        nonlocal equal
+        fn, equal = defense.torch_mask(bench)
+        return fn
+
+      ours, peer, note = _pair(bench, make, reps if b == 1 else 2, has_torch,
+                               warmup=b == 1)
+      if equal is not None:
         note = f"masks identical: {'yes' if equal else 'NO'}"
-      else:
-        note = "torch not installed: no peer"
       add(_row("defense", "Soteria mask (reference score)",
                f"LeNet {sname}, {bench.note}", ours, tname, peer,
                MASK_TARGETS.get(b), bench.flops, peak, note))
@@ -180,12 +184,12 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
   if "gradients" in parts:
     for name, b in s["per_example"]:
       bench = gradients.build_per_example(name, b, input_shape=shape)
-      ours = timing.measure(bench, reps)
-      loop = timing.time_host(gradients.jax_loop(bench), reps)
+      ours, loop = timing.compare(bench, gradients.jax_loop(bench), reps)
       add(_row("gradients", "per-example gradients vs JAX loop",
                f"{name} {sname}, {bench.note}", ours, "jitted loop", loop,
                1.0, bench.flops, peak))
-      peer, note = _peer(lambda: gradients.torch_loop(bench), reps, has_torch)
+      ours, peer, note = _pair(bench, lambda: gradients.torch_loop(bench),
+                               reps, has_torch)
       add(_row("gradients", "per-example gradients vs PyTorch loop",
                f"{name} {sname}, {bench.note}", ours, tname, peer, None,
                bench.flops, peak, note))
@@ -193,15 +197,15 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
   if "attack" in parts:
     bench = attack.build_dlg(outer_steps=s["dlg_outer"],
                              inner_steps=s["dlg_inner"], input_shape=shape)
-    ours = timing.measure(bench, 1)
-    peer, note = _peer(lambda: attack.torch_dlg(bench), 1, has_torch)
+    ours, peer, note = _pair(bench, lambda: attack.torch_dlg(bench), 2,
+                             has_torch)
     add(_row("attack", "DLG (L-BFGS, no early stop)",
              f"LeNet {sname}, 1 image, {bench.note}", ours, tname, peer, 3.0,
              bench.flops, peak, note or "host-validated attack: no XLA "
              "memory"))
     bench = attack.build_gs(iterations=s["gs_iterations"], input_shape=shape)
-    ours = timing.measure(bench, 1)
-    peer, note = _peer(lambda: attack.torch_gs(bench), 1, has_torch)
+    ours, peer, note = _pair(bench, lambda: attack.torch_gs(bench), 2,
+                             has_torch)
     add(_row("attack", "GS (Adam on the cosine loss)",
              f"LeNet {sname}, 1 image, {bench.note}", ours, tname, peer, None,
              bench.flops, peak, note))

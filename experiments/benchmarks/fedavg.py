@@ -147,8 +147,8 @@ def paper_rounds(num_rounds: int = 200, defense_percent: float | None = 60.0,
   scaled by ``(10 x 5) / (clients x local_steps)`` (clients run one after
   another on CPU, so the cost is linear in client-steps; 1 at the paper's
   sizes) and ``num_rounds`` rounds are extrapolated (+ one compile; no test
-  evaluation). With ``with_torch`` the PyTorch peer round is timed once and
-  extrapolated the same way.
+  evaluation). With ``with_torch`` the PyTorch peer round is timed (interleaved
+  with ours) and extrapolated the same way.
 
   Returns:
     ``{'round_s', 'compile_s', 'estimate_s', 'torch_round_s',
@@ -157,7 +157,11 @@ def paper_rounds(num_rounds: int = 200, defense_percent: float | None = 60.0,
   bench = build_round("lenet", input_shape, batch_size=10, clients=clients,
                       per_client=200, defense_percent=defense_percent,
                       local_steps=local_steps)
-  res = timing.measure(bench, repeats=repeats)
+  if with_torch:
+    res, peer = timing.compare(bench, torch_round(bench), repeats,
+                               peer_warmup=False)
+  else:
+    res, peer = timing.measure(bench, repeats=repeats), None
   scale = (PAPER_MNIST["clients"] * PAPER_MNIST["local_steps"]) / (
       clients * local_steps)
   out = {"round_s": res["seconds"] * scale,
@@ -170,8 +174,7 @@ def paper_rounds(num_rounds: int = 200, defense_percent: float | None = 60.0,
          "note": (f"measured {clients} clients x {local_steps} steps of "
                   f"batch 10 on {tuple(input_shape)}"
                   + (f", scaled x{scale:g}" if scale != 1 else ""))}
-  if with_torch:
-    peer = timing.time_host(torch_round(bench), repeats, warmup=False)
+  if peer is not None:
     out["torch_round_s"] = peer["seconds"] * scale
     out["torch_estimate_s"] = num_rounds * out["torch_round_s"]
   return out

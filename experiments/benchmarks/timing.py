@@ -53,13 +53,47 @@ class Bench:
   meta: dict = dataclasses.field(default_factory=dict)
 
 
+def _prepare(bench: Bench, warmup: bool = True):
+  """``(call, compile_seconds_or_None, memory)`` for a benchmark."""
+  fn, args = bench.fn, bench.args
+  memory = {}
+  t0 = time.perf_counter()
+  if hasattr(fn, "lower"):
+    compiled = fn.lower(*args).compile()
+    memory = xla_memory(compiled)
+    call = lambda: jax.block_until_ready(compiled(*args))
+    call()
+    return call, time.perf_counter() - t0, memory
+  call = lambda: jax.block_until_ready(fn(*args))
+  if warmup:
+    call()
+    return call, time.perf_counter() - t0, memory
+  return call, None, memory
+
+
+def _timed(call) -> float:
+  t0 = time.perf_counter()
+  call()
+  return time.perf_counter() - t0
+
+
+def _summary(times, first, memory, flops) -> dict[str, Any]:
+  best = min(times)
+  out = {"seconds": best, "median_seconds": statistics.median(times),
+         "compile_seconds": max(first - best, 0.0) if first else 0.0,
+         "repeats": len(times), "times": times, "memory": memory}
+  if flops:
+    out["gflops"] = flops / best / 1e9
+  return out
+
+
 def measure(bench: Bench, repeats: int = 3,
             warmup: bool = True) -> dict[str, Any]:
   """Best-of-``repeats`` seconds of ``bench.fn(*bench.args)``.
 
   The minimum, not the median: the cores are shared with other jobs, and
-  the fastest run is the one least disturbed by them (the median is also
-  returned).
+  the fastest run is the one least disturbed by them (the median and every
+  time are also returned).
 
   Args:
     bench: the benchmark; a jitted ``fn`` (one with ``.lower``) is lowered
@@ -72,37 +106,35 @@ def measure(bench: Bench, repeats: int = 3,
       peers, which do not compile).
 
   Returns:
-    ``{'seconds' (min), 'median_seconds', 'compile_seconds', 'repeats',
-    'memory'}`` (memory: :func:`xla_memory` of the compiled program; empty
-    for host callables), plus ``gflops`` when ``bench.flops`` is known.
+    ``{'seconds' (min), 'median_seconds', 'times', 'compile_seconds',
+    'repeats', 'memory'}`` (memory: :func:`xla_memory` of the compiled
+    program; empty for host callables), plus ``gflops`` when
+    ``bench.flops`` is known.
   """
-  fn, args = bench.fn, bench.args
-  memory = {}
-  first = None
-  t0 = time.perf_counter()
-  if hasattr(fn, "lower"):
-    compiled = fn.lower(*args).compile()
-    memory = xla_memory(compiled)
-    call = lambda: jax.block_until_ready(compiled(*args))
-    call()
-    first = time.perf_counter() - t0
-  else:
-    call = lambda: jax.block_until_ready(fn(*args))
-    if warmup:
-      call()
-      first = time.perf_counter() - t0
-  times = []
+  call, first, memory = _prepare(bench, warmup)
+  times = [_timed(call) for _ in range(max(1, repeats))]
+  return _summary(times, first, memory, bench.flops)
+
+
+def compare(bench: Bench, peer: Callable[[], Any], repeats: int = 3,
+            peer_warmup: bool = True
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """:func:`measure` of ``bench`` and of a peer, interleaved.
+
+  Ours and the peer run alternately (ours, peer, ours, peer, ...), so that
+  both see the same load from other jobs; each side reports its best run.
+
+  Returns:
+    ``(ours, peer)`` as :func:`measure` returns them.
+  """
+  call, first, memory = _prepare(bench)
+  pcall, pfirst, _ = _prepare(Bench(peer), peer_warmup)
+  ours, theirs = [], []
   for _ in range(max(1, repeats)):
-    t0 = time.perf_counter()
-    call()
-    times.append(time.perf_counter() - t0)
-  best = min(times)
-  out = {"seconds": best, "median_seconds": statistics.median(times),
-         "compile_seconds": max(first - best, 0.0) if first else 0.0,
-         "repeats": len(times), "memory": memory}
-  if bench.flops:
-    out["gflops"] = bench.flops / best / 1e9
-  return out
+    ours.append(_timed(call))
+    theirs.append(_timed(pcall))
+  return (_summary(ours, first, memory, bench.flops),
+          _summary(theirs, pfirst, {}, bench.flops))
 
 
 def time_host(fn: Callable[[], Any], repeats: int = 3,
