@@ -11,32 +11,11 @@ samples K devices with replacement with probabilities p_k and averages them
 uniformly (scheme I of Li et al. 2020), with learning rate
 eta_t = 2 / (mu (gamma + t)) (see :mod:`repdef_jax.schedules`).
 
-The design follows fedjax's ``fed_avg`` (a :class:`ServerState`, pure
-``init`` / ``round`` functions) but is vectorized: one jitted round gathers the
-sampled clients' padded data, ``vmap``s (or ``lax.map``s in chunks, or
-``shard_map``s over a 'clients' mesh axis) the client update, runs the local
-steps as a ``lax.scan`` and aggregates on device. No Python loop runs over
-clients or local steps.
-
-Randomness: one seed gives named key streams (:class:`KeyStreams`: init,
-sampling, train, noise). Round r samples clients with
-``fold_in(sampling, r)``; client k's minibatches come from
-``fold_in(fold_in(train, r), k)`` and its defense noise from
-``fold_in(fold_in(noise, r), k)``. Every random choice is therefore a function
-of (seed, round, client id) alone: toggling the defense changes no data order,
-sampling or initialisation, and a run resumed from a checkpoint draws exactly
-what an uninterrupted run draws.
-
-Scale: ``make_round(..., client_chunk=k)`` bounds memory by running k
-clients at a time (``lax.map(batch_size=k)``); ``make_round(..., mesh=m)``
-splits the sampled clients over the 'clients' axis of ``m``
-(:func:`make_mesh`; e.g. all GPUs/TPUs of a host, or ``--config.num_devices``
-in ``experiments.fedavg``), padding K with weight-0 slots to a multiple of
-the axis size; deltas are gathered before the weighted sum so the result
-equals the one-device round (tested on 8 forced CPU devices). Across hosts,
-call ``jax.distributed.initialize()`` first in every process (same command on
-each host), then build the mesh over ``jax.devices()`` (all hosts' devices)
-and pass the same (replicated) data and keys in every process.
+One jitted round: the sampled clients' local SGD (``lax.scan`` over steps)
+vectorized over clients, aggregation on device. Design, randomness (named
+key streams: every draw is a function of seed, round and client id) and
+scale (client chunks, a 'clients' mesh axis over devices and processes):
+``docs/design.md`` ("FedAvg").
 
 Departures from the papers:
 

@@ -33,17 +33,10 @@ Models (paper appendix B and the reference code):
 * ``mlp``: two hidden ReLU layers (width 200 by default).
 * ``logreg``: logistic regression; its representation is the flattened image.
 
-Convolutions come in three formulations with the same parameters (``kernel``
-``[kh, kw, cin, cout]``, ``bias`` ``[cout]``) and the same numbers (tested):
-``conv_impl='xla'`` calls XLA's strided convolution, ``'patches'`` gathers
-image patches with k*k strided slices and does one matrix multiply, and
-``'s2d'`` runs every convolution, and each of its derivatives, as a stride-1
-NHWC/HWIO convolution (space-to-depth for strides, a custom JVP whose
-transposes keep the canonical kernel layout). ``'auto'`` (the default) picks
-per backend: 's2d' on CPU (XLA's CPU convolutions are fast only in that
-canonical form, and autodiff transposes inside ``lax.scan`` / ``lax.map``
-bodies lose it: ~3x slower), 'xla' on GPU/TPU (cuDNN / the TPU compiler pick
-their own layouts and handle strides). Measurements: ``docs/benchmarks``.
+Convolutions: ``conv_impl`` 'auto' (the default: 's2d' on CPU, 'xla' on
+GPU/TPU), 'xla', 'patches' (im2col) or 's2d' (space-to-depth, canonical
+layouts for every derivative); same parameters, same numbers (tested). Why
+and how fast: ``docs/design.md`` ("Convolutions") and ``docs/benchmarks``.
 """
 
 from __future__ import annotations

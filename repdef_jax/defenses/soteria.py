@@ -6,102 +6,27 @@ References:
   arXiv 2012.06043, Section 4; and its public PyTorch reference code (as
   summarised in ``shared/reference/NOTES.md`` section 1).
 
-The defended layer is the model's last fully connected layer ``head`` (see
-:mod:`repdef_jax.models`); its input is the representation ``r`` [F]. For a
-linear layer ``dL/dW = delta r^T`` (paper's ``W`` is [K, F]), so setting
-``r_i = 0`` is the same as zeroing *column* i of the paper's ``dL/dW``. Flax
-stores the kernel transposed, ``[F, K]``: column i of the paper's ``dL/dW`` is
-**row i of the flax kernel gradient**. :func:`apply_mask` zeroes those rows.
-
-Pipeline (all pure, jittable, vmappable over clients):
-
-1. :func:`feature_scores` computes the per-example Jacobian ``J_b = dr/dx``
-   ``[F, D]`` in one ``vmap`` over examples of a ``vmap``-ed ``vjp`` over the
-   identity basis of ``R^F`` (that is ``jax.jacrev``; no Python loop over
-   features), or with ``D`` forward-mode passes (``jax.jacfwd``) when the
-   input is smaller than the representation (``jacobian='auto'``, e.g. the
-   one-conv leakage model: 784 passes instead of 9,408), and one score per
-   feature, summed over the (real) examples:
-
-   * ``score='reference'``: ``sum_b ||d r_bi / d x_b||_2 / (r_bi + eps)``, the
-     reference code's approximation (eps 0 for sigmoid nets, 0.1 for ReLU).
-   * ``score='exact'``: the paper's ``||r_i (dx/dr_i)||_2`` with ``dx/dr_i``
-     column i of the Moore-Penrose pseudo-inverse ``J^+`` [D, F]. We never
-     form ``J^+``: with the thin SVD ``J = U S V^T``,
-     ``||J^+ e_i||_2 = ||U[i, :] / S||_2`` (singular values below
-     ``max(F, D) * float_eps * S_max`` dropped, as ``jnp.linalg.pinv``). For
-     ``F <= D`` (all our models but ``leakage``) ``J^+ e_i`` is the
-     minimum-norm input change that moves ``r_i`` by one and nothing else;
-     for ``F > D`` (``leakage``) it is the least-squares input change
-     (pseudo-inverse columns), documented, not special-cased.
-     **Orientation:** the paper prunes the features with the *largest*
-     ``||r_i dX/dr_i||``; the reference score is the approximate reciprocal
-     of that quantity and prunes the *smallest*. So that one
-     :func:`mask_from_scores` serves both, ``'exact'`` returns
-     ``-sum_b ||r_bi J_b^+ e_i||_2`` (small score = prune). A feature that is
-     0 on every image gets score 0, the largest possible, and is never pruned
-     first.
-
-2. :func:`mask_from_scores` turns scores into a 0/1 keep-mask:
-   ``selection='percentile'`` reproduces the reference exactly (prune every
-   feature whose score is strictly below ``np.percentile(scores, percent)``
-   with linear interpolation; ties at the threshold are kept), and
-   ``selection='count'`` prunes exactly ``round(percent / 100 * F)`` features
-   (Python/NumPy round-half-to-even), smallest score first, ties broken by
-   feature index (stable argsort), and features listed as ``inactive`` (r = 0
-   on every real image, pruning them changes nothing) ranked last, so the
-   nominal fraction really is removed.
-
-3. A *perturbation* (registered in :data:`PERTURBATIONS`, q = 0 is ``'q0'``)
-   maps the scores to a multiplicative factor per defended-kernel row, and
-   :func:`apply_mask` applies it to the kernel gradient and nothing else.
-
-Reported diagnostics (``info`` of the :class:`~repdef_jax.defenses.base.Defense`):
-
-* ``pruned_fraction``: nominal, ``#{i: keep_i = 0} / F``.
-* ``effective_pruned_fraction``: ``#{i: keep_i = 0 and r_bi != 0 for some
-  real example b} / F``: the fraction of kernel-gradient rows that the
-  defense actually changed (a row whose r_i is 0 on every image is already
-  zero in ``dL/dW``).
-* ``pruned_fraction_of_active``: the same count divided by the number of
-  active features ``#{i: r_bi != 0 for some real b}`` (0 when none), the
-  number NOTES.md quotes ("at 60 % only 12-20 % of the non-zero features").
-* ``active_fraction``: active features / F.
-* ``nonfinite_input``: 1.0 when any real example's image (mask > 0) holds
-  NaN or inf, else 0.0. Such an image makes the scores NaN, so the mask is
-  meaningless (typically every feature pruned); host callers should treat
-  1.0 as an error (e.g. ``gradients.check_finite(batch.x, 'x')``).
+The defended layer is the model's last fully connected layer ``head``; its
+input is the representation ``r`` [F]. Pruning feature i zeroes row i of the
+flax kernel gradient (column i of the paper's ``dL/dW``). Scores come from
+the per-example Jacobian ``dr/dx`` (:func:`representation_jacobian_norms`,
+model-aware, never forming ``[B, F, D]``; :func:`feature_scores` for any
+feature function), a mask from :func:`mask_from_scores`, and a registered
+perturbation (:data:`PERTURBATIONS`, q = 0 is ``'q0'``) scales the rows.
+The pipeline, the scores' orientation, the diagnostics in ``info`` and how to
+add a perturbation norm: ``docs/design.md`` ("Soteria").
 
 Departures from the paper / reference code (all opt-in except the first):
 
 * One mask per client batch from scores summed over the batch (the reference
-  handles one image; its batch behaviour sums scores, we do the same), and
-  padded examples (``batch.mask == 0``) contribute nothing to scores or to
-  the active set.
-* ``selection='count'`` and ``score='exact'`` fix the reference's known
-  weaknesses (ties at 0 of ReLU features; the approximate score).
-* ``protect_bias=True`` also zeroes the defended layer's bias gradient. The
-  paper leaves the bias alone (default); but ``dL/db = delta``, and the ratio
-  of a row of ``dL/dW`` to ``dL/db`` reveals ``r`` of a single image exactly,
-  so hiding it is a meaningful option.
-
-Adding a new perturbation norm (q = 1, q = 2, ...)
---------------------------------------------------
-A perturbation is a pure function
-``fn(ctx: PerturbationInputs, strength) -> (row_scale [F], info)`` registered
-with ``@register_perturbation('q2')``. ``ctx`` holds the summed scores, the
-per-example representations and Jacobian row norms, the example weights and
-the active set; ``strength`` is the perturbation budget in the norm's own
-units (for q = 0: percent of features). ``row_scale`` multiplies row i of the
-defended kernel gradient (a 0/1 keep-mask for q = 0; any float factor for a
-shrinkage-type q = 1/q = 2 solution). Contract (checked for every registered
-perturbation by ``tests/test_perturbation_template.py``): shape ``[F]``,
-finite, deterministic, jittable, ``strength = 0`` gives all ones (identity),
-and only the defended kernel's rows are touched. Then
-``soteria(model, strength, q='q2')`` uses it. A perturbation that adds a
-different vector to every example's ``r`` (the general q = 2 answer) cannot
-be expressed as a row scale of the summed gradient; it would need the
-per-example ``delta_b`` and is left for a future interface.
+  handles one image); padded examples contribute nothing.
+* ``selection='count'`` (prunes exactly the nominal number, inactive
+  features last) and ``score='exact'`` (the paper's pseudo-inverse score
+  instead of the reference's approximation) fix the reference's known
+  weaknesses; ``selection='percentile'`` with ``score='reference'`` (the
+  defaults) reproduce the reference exactly.
+* ``protect_bias=True`` also zeroes the defended layer's bias gradient,
+  whose ratio to a kernel row reveals a single image's ``r`` exactly.
 """
 
 from __future__ import annotations
