@@ -114,3 +114,43 @@ def test_publish_copies_results_not_cells(tmp_path):
                                  "seconds": 1.0, "status": "done"}})
   text = open(report.publish(other, dest)).read()
   assert "experiments.tradeoff" in text and "experiments.visual" in text
+
+
+def _job_results():
+  entry = lambda mse, ssim, div: {  # noqa: E731
+      "mse": mse, "psnr": 30.0, "ssim": ssim, "diverged": div,
+      "seconds": 2.0, "pruned_fraction_effective": 0.6}
+  return {"config": {"attack": "dlg", "model": "lenet", "dataset": "cifar10",
+                     "defense": "soteria", "strength": 60.0},
+          "images": [{"index": 55, "label": 9,
+                      "undefended": entry(2.1e-4, 0.998, False),
+                      "defended": entry(21.8, 0.02, True)}]}
+
+
+def test_update_readme_fills_the_main_job_block(tmp_path):
+  from repdef_jax.paper import main_job
+  _fake(str(tmp_path / "results"))
+  storage.write_json(str(tmp_path / "results" / "main_job" / "results.json"),
+                     _job_results())
+  readme = tmp_path / "README.md"
+  readme.write_text(f"{main_job.README_BEGIN}\nold\n{main_job.README_END}\n"
+                    f"{report.README_BEGIN}\n{report.README_END}\n")
+  assert report.update_readme(str(readme), str(tmp_path / "results"))
+  text = readme.read_text()
+  assert "\nold\n" not in text
+  row = next(l for l in text.splitlines() if l.lstrip().startswith("55"))
+  assert row.split() == ["55", "9", "|", "0.00021", "30", "0.998", "False",
+                         "|", "21.8", "30", "0.02", "True", "0.60", "|",
+                         "4.0"]
+
+
+def test_readme_main_job_output_is_the_committed_json_rendered():
+  from repdef_jax.paper import main_job
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  path = os.path.join(ROOT, "docs", "results", "main_job", "results.json")
+  if main_job.README_BEGIN not in text or not os.path.exists(path):
+    pytest.skip("README has no generated main-job block yet")
+  block = text[text.index(main_job.README_BEGIN):
+               text.index(main_job.README_END) + len(main_job.README_END)]
+  assert block == main_job.readme_block(storage.read_json(path))

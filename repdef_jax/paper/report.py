@@ -216,24 +216,46 @@ def readme_block(results: dict[str, dict | None], source: str) -> str:
   return "\n".join(lines + [README_END])
 
 
+def replace_block(text: str, begin: str, end: str, block: str) -> str:
+  """``text`` with the span from ``begin`` to ``end`` replaced by ``block``.
+
+  Raises:
+    ValueError: ``text`` has no such span.
+  """
+  pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+  if not pattern.search(text):
+    raise ValueError(f"no '{begin}' ... '{end}' block to fill.")
+  return pattern.sub(lambda _: block, text)
+
+
 def update_readme(readme: str, workdir: str) -> bool:
-  """Replaces the generated results block of ``readme`` from ``workdir``.
+  """Replaces the generated blocks of ``readme`` from ``workdir``.
+
+  The results block always; the main job's example output too when the
+  README has its markers and ``workdir/main_job/results.json`` exists
+  (:func:`repdef_jax.paper.main_job.readme_block`).
 
   Returns:
     Whether the file changed.
 
   Raises:
-    ValueError: the README has no generated-block markers.
+    ValueError: the README has no results-block markers.
   """
+  from repdef_jax.paper import main_job  # pylint: disable=g-import-not-at-top
   with open(readme, encoding="utf-8") as f:
     text = f.read()
-  pattern = re.compile(re.escape(README_BEGIN) + ".*?" + re.escape(README_END),
-                       re.S)
-  if not pattern.search(text):
-    raise ValueError(f"{readme} has no '{README_BEGIN}' ... '{README_END}' "
-                     "block to fill.")
   source = os.path.relpath(workdir, os.path.dirname(os.path.abspath(readme)))
-  new = pattern.sub(lambda _: readme_block(collect(workdir), source), text)
+  try:
+    new = replace_block(text, README_BEGIN, README_END,
+                        readme_block(collect(workdir), source))
+  except ValueError:
+    raise ValueError(f"{readme} has no '{README_BEGIN}' ... '{README_END}' "
+                     "block to fill.") from None
+  job = storage.read_json(os.path.join(workdir, "main_job",
+                                       main_job.RESULT_FILE))
+  if job is not None and main_job.README_BEGIN in new:
+    new = replace_block(new, main_job.README_BEGIN, main_job.README_END,
+                        main_job.readme_block(job))
   if new != text:
     storage.write_text(readme, new)
   return new != text
