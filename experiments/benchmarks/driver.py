@@ -33,8 +33,8 @@ PAPER_ROUNDS = 200
 SETTINGS = {
     "full": dict(shape=(32, 32, 3), plain_batches=(10, 50, 200),
                  plain_clients=10, defended_batches=(10, 50),
-                 defended_clients=2, per_client=200, mask_batches=(1, 10, 50),
-                 paper=dict(clients=10, local_steps=5,
+                 defended_clients=1, per_client=200, mask_batches=(1, 10, 50),
+                 paper=dict(clients=2, local_steps=5,
                             input_shape=(28, 28, 1)),
                  per_example=(("convnet64", 8), ("lenet", 32)),
                  dlg_outer=3, dlg_inner=20, gs_iterations=50, repeats=3,
@@ -138,7 +138,7 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
                                  clients=s["defended_clients"],
                                  per_client=s["per_client"],
                                  defense_percent=60.0)
-      ours, peer, note = _pair(bench, lambda: fedavg.torch_round(bench), 2,
+      ours, peer, note = _pair(bench, lambda: fedavg.torch_round(bench), 1,
                                has_torch, warmup=False)
       add(_row("fedavg", "defended round (Soteria 60 % every step)",
                f"LeNet {sname}, {bench.note}", ours, tname, peer, 3.0,

@@ -158,7 +158,7 @@ def paper_rounds(num_rounds: int = 200, defense_percent: float | None = 60.0,
                       per_client=200, defense_percent=defense_percent,
                       local_steps=local_steps)
   if with_torch:
-    res, peer = timing.compare(bench, torch_round(bench), repeats,
+    res, peer = timing.compare(bench, torch_round(bench), 1,
                                peer_warmup=False)
   else:
     res, peer = timing.measure(bench, repeats=repeats), None
