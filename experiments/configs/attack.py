@@ -8,14 +8,13 @@ r"""The main job: one attack on real images, with and without one defense.
 
 Defaults: DLG (300 x 20 L-BFGS iterations) on DLG's LeNet with U(-0.5, 0.5)
 weights, three CIFAR-10 test images, Soteria pruning 60 % of the
-representation; ~90 s of CPU time on a 2-core CPU. Measured with seed 0
-(test images 55, 16, 189; README): undefended DLG reconstructs image 55
-(PSNR 36.6 dB, SSIM 0.998) and diverges on the other two (DLG learns the
-label too, which fails often on this LeNet); against Soteria all three fail
-(SSIM ~0). Notebook 1 gives DLG the label: it reconstructs test image 0
-undefended (SSIM 0.93) and fails under Soteria (SSIM -0.02). Images: a prepared TFDS copy, else a download, else
-the 256-image sample shipped in the package (docs/data.md). Outputs and
-schema: docs/main_job.md.
+representation. Measured with seed 0 (test images 55, 16, 189): the
+README's table, generated from docs/results/main_job/results.json;
+undefended DLG reconstructs image 55 and diverges on the other two (DLG
+learns the label too, which fails often on this LeNet; `--attack=idlg`
+reads it off the gradient), and against Soteria all three fail. Images: a
+prepared TFDS copy, else a download, else the 256-image sample shipped in
+the package (docs/data.md). Outputs and schema: docs/main_job.md.
 """
 
 import ml_collections
