@@ -45,7 +45,8 @@ def test_best_restart_prefers_finite_and_not_diverged():
 
 @pytest.mark.parametrize("name,overrides", [
     ("dlg", {"outer_steps": 2, "inner_steps": 4}),
-    ("dlg", {"outer_steps": 2, "inner_steps": 4, "optimizer": "linesearch"}),
+    pytest.param("dlg", {"outer_steps": 2, "inner_steps": 4,
+                         "optimizer": "linesearch"}, marks=pytest.mark.slow),
     ("gs", {"iterations": 6}),
 ])
 def test_kept_restart_has_the_lowest_loss(setup, name, overrides):
@@ -66,6 +67,7 @@ def test_kept_restart_has_the_lowest_loss(setup, name, overrides):
                              rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_diverged_restarts_lose(setup):
   """A tight pixel bound makes some restarts diverge; a finite one wins."""
   model, params, grads, keys, _ = setup
@@ -104,6 +106,7 @@ def test_line_search_converges_where_plain_lbfgs_diverges(setup):
   assert int(ls.labels_rec[0]) == int(ys[2, 0])
 
 
+@pytest.mark.slow
 def test_line_search_never_increases_objective_on_lenet():
   model = models.get_model("lenet", (12, 12, 1), 4, init="uniform")
   params = model.init(jax.random.key(0))
@@ -120,8 +123,9 @@ def test_line_search_never_increases_objective_on_lenet():
 # ---------------------------------------------------------------- run_batch
 
 @pytest.mark.parametrize("name,overrides", [
-    ("idlg", {"outer_steps": 2, "inner_steps": 5, "optimizer": "linesearch",
-              "restarts": 2}),
+    pytest.param("idlg", {"outer_steps": 2, "inner_steps": 5,
+                          "optimizer": "linesearch", "restarts": 2},
+                 marks=pytest.mark.slow),
     ("dlg", {"outer_steps": 1, "inner_steps": 3}),
     ("gs_mask", {"iterations": 8, "restarts": 2}),
 ])
