@@ -16,6 +16,7 @@ from repdef_jax import gradients
 from repdef_jax import models
 from repdef_jax.attacks import dlg as dlg_lib
 from repdef_jax.attacks import inverting
+from repdef_jax.attacks import progress
 
 LABEL = 3
 
@@ -44,13 +45,23 @@ def matching_flops(model, params, x) -> float:
 
 
 def build_dlg(model_name: str = "lenet", outer_steps: int = 3,
-              inner_steps: int = 20, **kwargs) -> timing.Bench:
-  """DLG for ``outer_steps`` x ``inner_steps`` L-BFGS iterations, no stop."""
+              inner_steps: int = 20, progress_every: int = 0,
+              **kwargs) -> timing.Bench:
+  """DLG for ``outer_steps`` x ``inner_steps`` L-BFGS iterations, no stop.
+
+  With ``progress_every`` the progress callbacks run (to a quiet reporter:
+  the host side is called, nothing is printed).
+  """
   model, params, x, shared = _setup(model_name, **kwargs)
   cfg = dlg_lib.DLGConfig(outer_steps=outer_steps, inner_steps=inner_steps,
-                          tol=0.0, grad_tol=-1.0)
+                          tol=0.0, grad_tol=-1.0,
+                          progress_every=progress_every)
   key = jax.random.key(1)
-  fn = lambda: dlg_lib.dlg(model, params, shared, 1, key, config=cfg)
+
+  def fn():
+    with progress.reporting(None):
+      return dlg_lib.dlg(model, params, shared, 1, key, config=cfg)
+
   return timing.Bench(
       fn, (), outer_steps * inner_steps * matching_flops(model, params, x),
       f"{outer_steps} outer x {inner_steps} inner steps",

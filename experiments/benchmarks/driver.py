@@ -53,6 +53,8 @@ GPU_NOTE = "not measured (no GPU lent)"
 
 # Soteria mask: batch -> target ratio over the PyTorch loop (issue 12).
 MASK_TARGETS = {1: 10.0, 50: 3.0}
+# Progress callbacks: at most 5 % slower than none (issue 14).
+PROGRESS_TARGET = 0.95
 # The targets judged in the table (issue 12; DLG's from issue 4).
 TARGETS = [
     "defended round (Soteria every local step), LeNet, batch 10 and 50: "
@@ -64,6 +66,8 @@ TARGETS = [
     "Soteria mask: >= 10x the PyTorch loop at batch 1, >= 3x at batch 50",
     "per-example gradients (vmap): never slower than a jitted loop (>= 1x)",
     "DLG: >= 3x PyTorch (issue 4)",
+    "DLG progress callbacks: no measurable slowdown (time without / with "
+    f">= {PROGRESS_TARGET})",
 ]
 
 
@@ -203,6 +207,15 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
              f"LeNet {sname}, 1 image, {bench.note}", ours, tname, peer, 3.0,
              bench.flops, peak, note or "host-validated attack: no XLA "
              "memory"))
+    total = s["dlg_outer"] * s["dlg_inner"]
+    with_progress = attack.build_dlg(
+        outer_steps=s["dlg_outer"], inner_steps=s["dlg_inner"],
+        progress_every=max(1, total // 4), input_shape=shape)
+    ours, plain = timing.compare(with_progress, bench.fn, 2)
+    add(_row("attack", "DLG progress callbacks (4 per run) vs none",
+             f"LeNet {sname}, 1 image, {bench.note}", ours,
+             "progress_every=0", plain, PROGRESS_TARGET, bench.flops, peak,
+             "ratio = time without / with callbacks"))
     bench = attack.build_gs(iterations=s["gs_iterations"], input_shape=shape)
     ours, peer, note = _pair(bench, lambda: attack.torch_gs(bench), 2,
                              has_torch)
