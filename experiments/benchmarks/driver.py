@@ -334,9 +334,13 @@ def render_markdown(report: dict[str, Any]) -> str:
   judged = [r for r in report.get("rows", []) if r.get("met") is not None]
   lines += ["", f"Targets met: {sum(1 for r in judged if r['met'])} of "
             f"{len(judged)}.", ""]
-  if judged:
-    lines += ["## Targets", "", *[f"* {t}" for t in report.get("targets", [])],
-              "", "| benchmark | configuration | measured | target | met |",
+  lines += ["## Targets", "", *[f"* {t}" for t in report.get("targets", [])],
+            ""]
+  if not judged:
+    lines += ["No target could be judged in this run (no PyTorch peer or no "
+              "targeted row).", ""]
+  else:
+    lines += ["| benchmark | configuration | measured | target | met |",
               "|---|---|---|---|---|"]
     for r in judged:
       if r.get("target") is not None:
