@@ -362,12 +362,25 @@ def _dlg_jit(model, params, shared, keys, labels, run_id, *, num_images, mode,
 
   def body(carry):
     i, runs = carry
-    runs = step_all(i, runs, shared, weights, labels)
-    report(i + 1, runs)
-    return i + 1, runs
+    return i + 1, step_all(i, runs, shared, weights, labels)
 
-  i, runs = jax.lax.while_loop(
-      lambda c: (c[0] < total) & ~jnp.all(c[1].done), body, (0, runs))
+  def loop(carry, end):
+    return jax.lax.while_loop(
+        lambda c: (c[0] < end) & ~jnp.all(c[1].done), body, carry)
+
+  if config.progress_every:
+    # Chunks of progress_every iterations with a report between them: no
+    # per-iteration branch (a cond in the body costs ~5 % on CPU).
+    def chunk(carry):
+      i, runs = loop(carry, jnp.minimum(carry[0] + config.progress_every,
+                                        total))
+      report(i, runs)  # Skipped unless i is a multiple of progress_every.
+      return i, runs
+
+    i, runs = jax.lax.while_loop(
+        lambda c: (c[0] < total) & ~jnp.all(c[1].done), chunk, (0, runs))
+  else:
+    i, runs = loop((0, runs), total)
   report(i, runs, final=True)
   best = base.best_restart(runs.loss, runs.bad)
   diverged = jnp.all(runs.bad, axis=1)

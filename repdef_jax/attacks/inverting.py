@@ -251,13 +251,28 @@ def _gs_jit(model, params, shared, keys, labels, run_id, *, num_images, infer,
   report(0, jnp.full((num,), jnp.inf), num)
 
   def body(carry, i):
+    del i
     x, state = carry
     x, state, loss = step_all(x, state, shared, weights, labels)
-    report(i + 1, jnp.min(loss, axis=1), num)
     return (x, state), loss
 
-  (x, _), hists = jax.lax.scan(body, (x, state),
-                               jnp.arange(config.iterations))
+  def chunk(carry, idx):  # progress_every iterations, then one report.
+    carry, losses = jax.lax.scan(body, carry, idx)
+    report(idx[-1] + 1, jnp.min(losses[-1], axis=1), num)
+    return carry, losses
+
+  every, total = config.progress_every, config.iterations
+  full = (total // every) * every if every else 0
+  hists = []
+  carry = (x, state)
+  if full:  # No per-iteration branch: reports sit between chunks.
+    carry, h = jax.lax.scan(chunk, carry,
+                            jnp.arange(full).reshape(-1, every))
+    hists.append(h.reshape(full, *h.shape[2:]))
+  if full < total:
+    carry, h = jax.lax.scan(body, carry, jnp.arange(full, total))
+    hists.append(h)
+  (x, _), hists = carry, jnp.concatenate(hists)
   finals = final_all(x, shared, weights, labels)
   report(config.iterations, jnp.min(finals, axis=1), 0, final=True)
   bad = ~jnp.isfinite(finals) | ~jnp.all(
