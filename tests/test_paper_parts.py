@@ -269,3 +269,17 @@ def test_gs_mask_recovers_through_soteria_where_gs_is_stopped():
   assert plain["ssim"] < 0.3
   assert mask["ssim"] > 0.9
   assert entry["best"]["ssim_attack"] == "gs_mask"
+
+
+def test_adaptive_table_mixes_attack_families():
+  """Panels of different families (DLG's LeNet, GS's models) in one table."""
+  entry = lambda v: {"ssim": {"mean": v, "low": v, "high": v, "n": 3},  # noqa: E731
+                     "verdict": "holds"}
+  rows = [{"panel": p, "stage": "init", "variant": "reference", "rate": 80.0,
+           "attacks": {**{n: entry(0.1) for n in adaptive.suite(f)},
+                       "best": entry(0.1)}}
+          for p, f in (("lenet_mnist", "dlg"), ("leakage_mnist", "gs"))]
+  t = adaptive.table(rows)
+  assert len(t["header"]) == 9 and all(len(r) == 9 for r in t["rows"])
+  assert [r[4] for r in t["rows"]] == ["dlg, dlg_drop, dlg_mask",
+                                       "gs, gs_drop, gs_mask"]

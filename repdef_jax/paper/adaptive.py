@@ -263,19 +263,19 @@ def claims(config: ml_collections.ConfigDict,
 def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
   """Every row: per attack and best-of, mean SSIM [95 % interval] and the
   verdict (a report table)."""
-  names = list(rows[0]["attacks"]) if rows else []
   out = []
-  for r in rows:
-    cells = []
-    for n in names:
-      a = r["attacks"][n]
-      cells.append(f"{batched.interval(a['ssim'])} {a['verdict']}")
-    out.append([r["panel"], r["stage"], r["variant"], r["rate"], *cells])
+  for r in rows:  # Attacks in suite order (plain, drop, mask), then best.
+    names = list(r["attacks"])
+    cells = [f"{batched.interval(a['ssim'])} {a['verdict']}"
+             for a in r["attacks"].values()]
+    out.append([r["panel"], r["stage"], r["variant"], r["rate"],
+                ", ".join(names[:-1]), *cells])
+  width = max((len(r["attacks"]) for r in rows), default=0)
   return {"title": "Mean SSIM [95 % interval] over images x seeds ([0,1] "
-                   "pixels) and verdict; columns: the family's plain, "
+                   "pixels) and verdict; columns: the panel's plain, "
                    "*_drop, *_mask attack and the best of them",
-          "header": ["panel", "stage", "variant", "rate %",
-                     "plain", "drop", "mask", "best"][:4 + len(names)],
+          "header": ["panel", "stage", "variant", "rate %", "attacks",
+                     "plain", "drop", "mask", "best"][:5 + width],
           "rows": out}
 
 
