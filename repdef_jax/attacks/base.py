@@ -187,6 +187,18 @@ def pick(tree: Any, index: jax.Array) -> Any:
       lambda t: jax.vmap(lambda u, i: u[i])(t, index), tree)
 
 
+def run_one(run: Callable, model: models_lib.Model, params: Params,
+            shared_grads: Params, num_images: int, key: Any,
+            labels: jax.Array | None, config: Any) -> AttackResult:
+  """One validated attack as a batch of one through ``run(model, params,
+  shared_batch, num_images, keys, labels, config)`` (the batched program)."""
+  batch = jax.tree_util.tree_map(lambda t: jnp.asarray(t)[None],
+                                 shared_grads)
+  return squeeze_result(run(
+      model, params, batch, int(num_images), check_keys(key)[None],
+      None if labels is None else labels[None], config))
+
+
 def squeeze_result(result: AttackResult) -> AttackResult:
   """The single attack of a batch-of-one result."""
   return AttackResult(*(t[0] for t in result))

@@ -172,12 +172,8 @@ def dlg(model: models_lib.Model, params: Params, shared_grads: Params,
   check_config(config)
   labels = base.validate_inputs(model, params, shared_grads, num_images,
                                 labels)
-  key = base.check_keys(key)
-  batch = jax.tree_util.tree_map(lambda t: jnp.asarray(t)[None],
-                                 shared_grads)
-  return base.squeeze_result(_run(
-      model, params, batch, int(num_images), key[None],
-      None if labels is None else labels[None], config))
+  return base.run_one(_run, model, params, shared_grads, num_images, key,
+                      labels, config)
 
 
 def dlg_batch(model: models_lib.Model, params: Params, shared_batch: Params,

@@ -157,12 +157,8 @@ def inverting_gradients(model: models_lib.Model, params: Params,
   labels = base.validate_inputs(model, params, shared_grads, num_images,
                                 labels)
   _check(model, config, labels)
-  key = base.check_keys(key)
-  batch = jax.tree_util.tree_map(lambda t: jnp.asarray(t)[None],
-                                 shared_grads)
-  return base.squeeze_result(_run(
-      model, params, batch, int(num_images), key[None],
-      None if labels is None else labels[None], config))
+  return base.run_one(_run, model, params, shared_grads, num_images, key,
+                      labels, config)
 
 
 def inverting_gradients_batch(model: models_lib.Model, params: Params,
