@@ -53,8 +53,12 @@ def build_dlg(model_name: str = "lenet", outer_steps: int = 3,
   the host side is called, nothing is printed).
   """
   model, params, x, shared = _setup(model_name, **kwargs)
+  # No early stop of any kind (the PyTorch peer runs every iteration): the
+  # divergence guards are off too (they stopped the default run at 44 of 60).
   cfg = dlg_lib.DLGConfig(outer_steps=outer_steps, inner_steps=inner_steps,
                           tol=0.0, grad_tol=-1.0,
+                          diverge_factor=float("inf"),
+                          max_abs_pixel=float("inf"),
                           progress_every=progress_every)
   key = jax.random.key(1)
 
