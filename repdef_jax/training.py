@@ -269,15 +269,7 @@ def build_fedavg_config(config: ml_collections.ConfigDict,
       defense=defense, defense_at=config.defense_at,
       weighting=config.weighting, replace=config.replace,
       server_optimizer=optax.sgd(config.server_lr),
-      client_chunk=resolve_client_chunk(config.client_chunk))
-
-
-def resolve_client_chunk(client_chunk: int) -> int:
-  """-1 (auto) -> 1 on CPU, 0 (all clients at once) on GPU/TPU.
-
-  See :func:`repdef_jax.fedavg.resolve_client_chunk`.
-  """
-  return fedavg.resolve_client_chunk(client_chunk)
+      client_chunk=fedavg.resolve_client_chunk(config.client_chunk))
 
 
 def _checkpoint_manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:

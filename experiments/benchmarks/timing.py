@@ -180,7 +180,7 @@ def _cpuinfo(key: str) -> str | None:
         if line.lower().startswith(key):
           return line.split(":", 1)[1].strip()
   except OSError:
-    pass
+    return None
   return None
 
 

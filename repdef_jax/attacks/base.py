@@ -11,6 +11,7 @@ computed its gradient at, and the gradient it shared (possibly defended).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -78,6 +79,14 @@ def validate_inputs(model: models_lib.Model, params: Params,
   if bool(jnp.any((labels < 0) | (labels >= model.num_classes))):
     raise ValueError(f"labels must lie in [0, {model.num_classes}).")
   return labels.astype(jnp.int32)
+
+
+def check_int(config: Any, name: str, low: int) -> None:
+  """Raises a ValueError naming ``name`` unless ``config.<name>`` is an
+  integer (not a bool) >= ``low``."""
+  v = getattr(config, name)
+  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
+    raise ValueError(f"{name} must be an integer >= {low}; got {v!r}.")
 
 
 def check_keys(keys: Any, num: int | None = None) -> jax.Array:

@@ -118,12 +118,6 @@ class DLGConfig:
   progress_every: int = 0
 
 
-def _check_int(config, name, low):
-  v = getattr(config, name)
-  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
-    raise ValueError(f"{name} must be an integer >= {low}; got {v!r}.")
-
-
 def check_config(config: DLGConfig) -> None:
   """Raises a ValueError naming the field when ``config`` cannot run.
 
@@ -134,8 +128,8 @@ def check_config(config: DLGConfig) -> None:
   """
   for name in ("outer_steps", "inner_steps", "memory_size", "restarts",
                "max_backtracks"):
-    _check_int(config, name, 1)
-  _check_int(config, "progress_every", 0)
+    base.check_int(config, name, 1)
+  base.check_int(config, "progress_every", 0)
   lr = config.learning_rate
   if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (
       math.isfinite(lr) and lr > 0):

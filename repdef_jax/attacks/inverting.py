@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
 from typing import Any, Sequence
 
 import jax
@@ -120,12 +119,8 @@ def _check(model: models_lib.Model, config: GSConfig, labels: Any) -> None:
     raise ValueError(f"lower must be < upper in every channel; got "
                      f"lower={config.lower!r}, upper={config.upper!r}.")
   for name in ("restarts", "iterations"):
-    v = getattr(config, name)
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-      raise ValueError(f"{name} must be an integer >= 1; got {v!r}.")
-  v = config.progress_every
-  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
-    raise ValueError(f"progress_every must be an integer >= 0; got {v!r}.")
+    base.check_int(config, name, 1)
+  base.check_int(config, "progress_every", 0)
 
 
 def inverting_gradients(model: models_lib.Model, params: Params,

@@ -185,6 +185,9 @@ def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
   if model.elementwise_top:
     # top_post'(z), the diagonal of an elementwise map's Jacobian, flattened.
     dact = jax.jvp(post, (z,), (jnp.ones_like(z),))[1]
+    if model.identity_bottom and reduce:
+      # ||dr_i/dx|| = |top_post'(z_i)| * ||row i of top_pre's Jacobian||.
+      return r, jnp.abs(dact) * _linear_row_norms(model, params, h)[None, :]
     dact_chunks = jnp.pad(dact, ((0, 0), (0, n * c - f))).reshape(
         b, n, c).transpose(1, 0, 2)
     h0 = jnp.zeros(h.shape[1:], h.dtype)
@@ -215,9 +218,6 @@ def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
     rows = pull(top_rows(start, dact_c)).reshape(b, c, -1)
     return jnp.sqrt(jnp.sum(jnp.square(rows), -1)) if reduce else rows
 
-  if model.identity_bottom and model.elementwise_top and reduce:
-    # ||dr_i/dx|| = |top_post'(z_i)| * ||row i of top_pre's Jacobian||.
-    return r, jnp.abs(dact) * _linear_row_norms(model, params, h)[None, :]
   out = jax.lax.map(one, (starts, dact_chunks))  # [n, B, c, ...]
   out = jnp.moveaxis(out, 0, 1).reshape(b, n * c, *out.shape[3:])
   return r, out[:, :f]
