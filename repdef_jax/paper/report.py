@@ -216,15 +216,16 @@ def readme_block(results: dict[str, dict | None], source: str) -> str:
   return "\n".join(lines + [README_END])
 
 
-def replace_block(text: str, begin: str, end: str, block: str) -> str:
+def replace_block(text: str, begin: str, end: str, block: str,
+                  where: str = "the text") -> str:
   """``text`` with the span from ``begin`` to ``end`` replaced by ``block``.
 
   Raises:
-    ValueError: ``text`` has no such span.
+    ValueError: ``text`` (named ``where`` in the message) has no such span.
   """
   pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
   if not pattern.search(text):
-    raise ValueError(f"no '{begin}' ... '{end}' block to fill.")
+    raise ValueError(f"{where} has no '{begin}' ... '{end}' block to fill.")
   return pattern.sub(lambda _: block, text)
 
 
@@ -245,12 +246,8 @@ def update_readme(readme: str, workdir: str) -> bool:
   with open(readme, encoding="utf-8") as f:
     text = f.read()
   source = os.path.relpath(workdir, os.path.dirname(os.path.abspath(readme)))
-  try:
-    new = replace_block(text, README_BEGIN, README_END,
-                        readme_block(collect(workdir), source))
-  except ValueError:
-    raise ValueError(f"{readme} has no '{README_BEGIN}' ... '{README_END}' "
-                     "block to fill.") from None
+  new = replace_block(text, README_BEGIN, README_END,
+                      readme_block(collect(workdir), source), readme)
   job = storage.read_json(os.path.join(workdir, "main_job",
                                        main_job.RESULT_FILE))
   if job is not None and main_job.README_BEGIN in new:
