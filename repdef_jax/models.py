@@ -33,8 +33,9 @@ Models (paper appendix B and the reference code):
 * ``mlp``: two hidden ReLU layers (width 200 by default).
 * ``logreg``: logistic regression; its representation is the flattened image.
 
-Convolutions: ``conv_impl`` 'auto' (the default: 's2d' on CPU, 'xla' on
-GPU/TPU), 'xla', 'patches' (im2col) or 's2d' (space-to-depth, canonical
+Convolutions: ``conv_impl`` 'auto' (the default: 's2d' on CPU, 'patches'
+for a one-channel image layer, 'xla' on GPU/TPU), 'xla', 'patches' (im2col)
+or 's2d' (space-to-depth, canonical
 layouts for every derivative); same parameters, same numbers (tested). Why
 and how fast: ``docs/design.md`` ("Convolutions") and ``docs/benchmarks``.
 """
@@ -65,8 +66,19 @@ def _uniform_init(scale: float = 0.5):
   return init
 
 
-def resolve_conv_impl(conv_impl: str, backend: str | None = None) -> str:
-  """'auto' -> 's2d' on CPU, 'xla' on GPU/TPU; any other value unchanged.
+# On CPU, 'auto' runs a layer with one input channel (a grey image) as
+# 'patches': its input gradient, where every Soteria pullback ends, is then
+# pure data movement instead of a 1-channel-output convolution, which XLA's
+# CPU backend runs slowly. LeNet on MNIST: Soteria scores 1.4x faster,
+# training steps as fast; with 3 channels (CIFAR-10) 's2d' stays faster.
+PATCHES_MAX_CHANNELS = 1
+
+
+def resolve_conv_impl(conv_impl: str, backend: str | None = None,
+                      in_channels: int | None = None) -> str:
+  """'auto' -> 'xla' on GPU/TPU; on CPU 's2d', or 'patches' for a layer
+  with ``in_channels`` <= :data:`PATCHES_MAX_CHANNELS`. Any other value is
+  returned unchanged.
 
   Raises:
     ValueError: ``conv_impl`` is not one of :data:`CONV_IMPLS`.
@@ -77,7 +89,11 @@ def resolve_conv_impl(conv_impl: str, backend: str | None = None) -> str:
   if conv_impl != "auto":
     return conv_impl
   backend = backend or jax.default_backend()
-  return "s2d" if backend == "cpu" else "xla"
+  if backend != "cpu":
+    return "xla"
+  if in_channels is not None and in_channels <= PATCHES_MAX_CHANNELS:
+    return "patches"
+  return "s2d"
 
 
 class Conv2D(nn.Module):
@@ -109,7 +125,7 @@ class Conv2D(nn.Module):
     bias = self.param("bias", self.bias_init, (self.features,))
     pad = ((self.padding, self.padding), (self.padding, self.padding))
     strides = (self.strides, self.strides)
-    impl = resolve_conv_impl(self.impl)
+    impl = resolve_conv_impl(self.impl, in_channels=cin)
     if impl == "xla":
       y = jax.lax.conv_general_dilated(
           x, kernel, strides, pad, dimension_numbers=_NHWC)
@@ -565,6 +581,21 @@ _MODULES = {
     "logreg": (LogReg, "linear", ("head",)),
 }
 MODEL_NAMES = tuple(_MODULES)
+
+
+def non_default_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+  """``kwargs`` of :func:`get_model` without those equal to the defaults.
+
+  E.g. ``('convnet64', {'width': 64})`` -> ``{}``: two spellings of one model
+  get one key (cost tables, result labels).
+  """
+  if name not in _MODULES:
+    raise ValueError(f"Unknown model name {name!r}; valid names: "
+                     f"{', '.join(MODEL_NAMES)}.")
+  defaults = {f.name: f.default for f in dataclasses.fields(_MODULES[name][0])}
+  missing = object()
+  return {k: v for k, v in dict(kwargs).items()
+          if defaults.get(k, missing) != v}
 
 
 def get_model(name: str,

@@ -173,9 +173,21 @@ def test_s2d_derivatives_stay_canonical_inside_loops():
 
 def test_auto_conv_impl_resolves_per_backend():
   assert models.resolve_conv_impl("auto", "cpu") == "s2d"
+  # On CPU a grey image layer is im2col, every other layer s2d.
+  assert models.resolve_conv_impl("auto", "cpu", in_channels=1) == "patches"
+  assert models.resolve_conv_impl("auto", "cpu", in_channels=3) == "s2d"
+  assert models.resolve_conv_impl("auto", "gpu", in_channels=3) == "xla"
   assert models.resolve_conv_impl("auto", "gpu") == "xla"
   assert models.resolve_conv_impl("auto", "tpu") == "xla"
   assert models.resolve_conv_impl("patches", "cpu") == "patches"
   assert models.get_model("lenet").conv_impl == "auto"
   with pytest.raises(ValueError, match="conv_impl"):
     models.resolve_conv_impl("fft")
+
+
+def test_non_default_kwargs_gives_one_spelling_per_model():
+  assert models.non_default_kwargs("convnet64", {"width": 64}) == {}
+  assert models.non_default_kwargs("convnet64", {"width": 16}) == {
+      "width": 16}
+  with pytest.raises(ValueError, match="Unknown model name"):
+    models.non_default_kwargs("resnet", {})

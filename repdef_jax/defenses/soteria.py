@@ -611,8 +611,9 @@ def soteria(model: models_lib.Model,
       'fwd' to force the generic :func:`features_and_jacobian` mode.
     jacobian_conv_impl: convolution formulation used for the Jacobian
       (same parameters, same numbers up to float rounding; see
-      :mod:`repdef_jax.models`); 'auto' is 's2d' on CPU (several times
-      faster backward passes) and 'xla' on GPU/TPU. None keeps the model's.
+      :mod:`repdef_jax.models`); 'auto' is, per layer, 's2d' on CPU
+      (several times faster backward passes than 'xla'; 'patches' for a
+      grey image layer) and 'xla' on GPU/TPU. None keeps the model's.
     jacobian_chunk: features pulled back (rows of the Jacobian computed) at
       a time, bounding memory; None picks a size.
 
@@ -640,8 +641,7 @@ def soteria(model: models_lib.Model,
   defended_layer(jax.eval_shape(model.init, jax.random.key(0)), model)
   perturb = PERTURBATIONS[qname]
   jac_model = (model if jacobian_conv_impl is None
-               else model.with_conv_impl(models_lib.resolve_conv_impl(
-                   jacobian_conv_impl)))
+               else model.with_conv_impl(jacobian_conv_impl))
 
   def apply(grads, batch: base.ClientBatch, key):
     del key
