@@ -97,3 +97,29 @@ def test_cpu_peak_states_its_formula():
     assert math.isclose(peak["gflops"], peak["cores"] * peak["ghz"] *
                         peak["flops_per_cycle_per_core"], rel_tol=1e-9)
     assert "FLOP/cycle" in peak["how"]
+
+
+def _report(parts, commit, rows, quick=False):
+  return {"settings": {"quick": quick, "parts": list(parts)},
+          "machine": {"git_commit": commit, "date_utc": commit + "-date"},
+          "rows": [{"part": p, "benchmark": b} for p, b in rows],
+          "paper_scale": [{"setting": commit}], "unit_costs": {"c": commit},
+          "preset_costs": [{"preset": commit}]}
+
+
+def test_a_run_of_some_parts_keeps_the_others():
+  old = _report(driver.PARTS, "old", [("fedavg", "round"), ("defense", "a"),
+                                      ("attack", "dlg")])
+  new = _report(("defense",), "new", [("defense", "b")])
+  merged = driver.merge(old, new)
+  assert [(r["part"], r["benchmark"]) for r in merged["rows"]] == [
+      ("fedavg", "round"), ("defense", "b"), ("attack", "dlg")]
+  assert merged["paper_scale"] == [{"setting": "old"}]  # fedavg not rerun
+  assert merged["unit_costs"] == {"c": "old"}
+  assert merged["measured"]["defense"]["git_commit"] == "new"
+  assert merged["measured"]["attack"]["git_commit"] == "old"
+  assert merged["settings"]["parts"] == list(driver.PARTS)
+  assert "defense at commit new" in "\n".join(driver._measured_lines(merged))  # pylint: disable=protected-access
+  # A quick run never mixes with a full one.
+  quick = _report(("defense",), "q", [("defense", "c")], quick=True)
+  assert [r["benchmark"] for r in driver.merge(old, quick)["rows"]] == ["c"]

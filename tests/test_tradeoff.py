@@ -80,6 +80,42 @@ def test_tiny_end_to_end_and_resume(mock_env):
   assert "planned cells: 12" in cost.render(est)
 
 
+def test_unit_costs_price_cells_no_finished_run_timed():
+  config = tradeoff_cfg.get_config("tiny")
+  tc = tradeoff.panel_config(config, "logreg_mnist")
+  unit = {"models": {"lr": {"name": "logreg", "kwargs": {}}},
+          "fedavg_step": {"lr": {"mnist": {str(tc.batch_size): {
+              "plain_s": 0.01, "soteria_s": 0.5}}}},
+          "dlg_outer_step_s": {}, "gs_iteration_s": {"lr": 0.002},
+          "dlg_inner_steps": 20}
+  cells = tradeoff.plan(config)
+  est = cost.estimate(config, cells, None, reference="", units=unit)
+  steps = tc.rounds * tc.clients_per_round * tc.local_steps
+  gs_its = config.attack_budgets.gs.iterations
+  want = {
+      "train": steps * (0.01 + 0.5),  # the undefended and the Soteria cell
+      "attack": 2 * config.num_images * 2 * gs_its * 0.002,  # gs, gs_mask
+      "update": (len(config.update_attack.stages) * config.update_attack.batch
+                 * gs_its * 0.002),
+  }
+  assert est["by_kind"] == pytest.approx(want)
+  assert est["from_units"] == ["logreg/mnist"] and not est["unknown"]
+  # On the modelled GPU every step and iteration of this tiny model takes
+  # the floor: seconds = floor x (steps + iterations), images batched.
+  units = 2 * steps + 2 * 2 * gs_its + len(config.update_attack.stages) * gs_its
+  assert est["gpu_seconds"] == pytest.approx(cost.GPU_STEP_FLOOR_S * units)
+  assert "priced from measured unit costs" in cost.render(est)
+  # As measured (int batch keys) and as read back from JSON (strings).
+  step = unit["fedavg_step"]["lr"]["mnist"]
+  step[tc.batch_size] = step.pop(str(tc.batch_size))
+  again = cost.estimate(config, cells, None, reference="", units=unit)
+  assert again["seconds"] == pytest.approx(est["seconds"])
+  # A model the unit costs never measured is left out, and said so.
+  unit["models"] = {"lr": {"name": "mlp", "kwargs": {}}}
+  est = cost.estimate(config, cells, None, reference="", units=unit)
+  assert est["seconds"] == 0 and len(est["unknown"]) == 5  # kind x family
+
+
 def test_full_preset_dry_run_prints_the_plan(tmp_path, capsys):
   config = tradeoff_cfg.get_config("full")
   config.dry_run = True

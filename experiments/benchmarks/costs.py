@@ -9,6 +9,7 @@ GS iteration on one image. A few repeats each: estimates, not benchmarks.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import jax
@@ -49,12 +50,16 @@ def unit_costs(models: Sequence[str] = tuple(MODELS),
   Returns:
     ``{'fedavg_step': {model: {dataset: {batch: {'plain_s', 'soteria_s',
     'soteria_scaled'}}}}, 'dlg_outer_step_s': {model: s},
-    'gs_iteration_s': {model: s}, 'machine': {...}}``. ``soteria_scaled``
+    'gs_iteration_s': {model: s}, 'dlg_inner_steps': 20, 'models': {model:
+    {'name', 'kwargs'}}, 'backend', 'cores'}``. ``soteria_scaled``
     is True where the Soteria part was timed on one chunk of features and
     scaled to all of them (ConvNet: a full step takes minutes).
   """
   out: dict[str, Any] = {"fedavg_step": {}, "dlg_outer_step_s": {},
-                         "gs_iteration_s": {},
+                         "gs_iteration_s": {}, "dlg_inner_steps": 20,
+                         "models": {k: {"name": MODELS[k][0],
+                                        "kwargs": MODELS[k][1]}
+                                    for k in (*models, *attack_models)},
                          "backend": jax.default_backend(),
                          "cores": timing.cores()}
   for key in models:
@@ -83,4 +88,48 @@ def unit_costs(models: Sequence[str] = tuple(MODELS),
       print(f"[unit costs] {key}: DLG outer step "
             f"{out['dlg_outer_step_s'][key]:.3f} s, GS iteration "
             f"{out['gs_iteration_s'][key]:.4f} s", flush=True)
+  return out
+
+
+MEASURED_MEDIUM = "docs/results/tradeoff/tradeoff.json"
+
+
+def preset_costs(unit: dict[str, Any],
+                 presets: Sequence[str] = ("medium", "full")
+                 ) -> list[dict[str, Any]]:
+  """Trade-off preset costs priced from unit costs only.
+
+  Every cell of each preset's plan is priced by
+  :func:`repdef_jax.paper.cost.estimate` from ``unit`` (no finished cells),
+  so the medium estimate can be checked against the committed medium run.
+
+  Returns:
+    One ``{'preset', 'cells', 'cpu_h', 'gpu_h', 'gpu_model', 'by_model_h',
+    'measured_h', 'unknown', 'extrapolated'}`` per preset; ``measured_h``
+    is the committed run's total cell time (medium only, else None).
+  """
+  # The paper package is above the library; imported here, not at the top,
+  # so that the other benchmark parts do not load it.
+  from experiments.configs import tradeoff as tradeoff_cfg  # pylint: disable=g-import-not-at-top
+  from repdef_jax import storage  # pylint: disable=g-import-not-at-top
+  from repdef_jax.paper import cost  # pylint: disable=g-import-not-at-top
+  from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
+  out = []
+  for preset in presets:
+    config = tradeoff_cfg.get_config(preset)
+    est = cost.estimate(config, tradeoff.plan(config), None, reference="",
+                        units=unit)
+    measured = None
+    if preset == "medium" and os.path.exists(MEASURED_MEDIUM):
+      measured = storage.read_json(MEASURED_MEDIUM).get("cell_seconds")
+    out.append({
+        "preset": preset, "cells": est["cells"],
+        "cpu_h": est["seconds"] / 3600,
+        "gpu_h": est["gpu_seconds"] / 3600,
+        "gpu_model": (f"{cost.GPU_FLOPS / 1e12:g} TFLOP/s, at least "
+                      f"{cost.GPU_STEP_FLOOR_S * 1e3:g} ms per step or "
+                      "iteration"),
+        "by_model_h": {k: v / 3600 for k, v in est["by_model"].items()},
+        "measured_h": measured / 3600 if measured else None,
+        "unknown": est["unknown"], "extrapolated": est["extrapolated"]})
   return out

@@ -228,9 +228,10 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
              f"LeNet {sname}, 1 image, {bench.note}", ours, tname, peer, None,
              bench.flops, peak, note))
 
-  unit = None
+  unit, presets = None, None
   if "unit_costs" in parts:
     unit = costs.unit_costs(repeats=1, verbose=verbose, **s["unit_costs"])
+    presets = None if quick else costs.preset_costs(unit)
 
   machine = timing.machine_info()
   machine["load_average_before"] = load_before
@@ -245,7 +246,8 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
                          "padding taps excluded) of the reference algorithm "
                          "in the direct 'xla' convolution formulation; the "
                          "same count for ours and the peer"),
-          "rows": rows, "paper_scale": paper, "unit_costs": unit}
+          "rows": rows, "paper_scale": paper, "unit_costs": unit,
+          "preset_costs": presets}
 
 
 def _fmt(v: Any) -> str:
@@ -284,6 +286,18 @@ def _pct(v: float | None) -> str:
   return "-" if v is None else f"{100 * v:.1f} %"
 
 
+def _measured_lines(report: dict[str, Any]) -> list[str]:
+  """Which run measured each part, when parts come from different runs."""
+  measured = report.get("measured") or {}
+  if len({(m.get("git_commit"), m.get("date_utc"))
+          for m in measured.values()}) <= 1:
+    return []
+  return ["Parts measured by separate runs: " + "; ".join(
+      f"{p} at commit {m.get('git_commit') or '?'} on {m.get('date_utc')} "
+      f"(load before {_loads(m.get('load_average_before'))})"
+      for p, m in measured.items()) + ".", ""]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
   """BENCHMARKS.md from a report (pure function, no JAX, no I/O)."""
   m = report.get("machine", {})
@@ -300,6 +314,7 @@ def render_markdown(report: dict[str, Any]) -> str:
       f"{' (with modified tracked files)' if m.get('tracked_files_modified') else ''}"
       "; do not edit by hand.",
       "",
+      *_measured_lines(report),
       f"Machine: {m.get('cpu', '?')} (family {m.get('cpu_family', '?')}), "
       f"{m.get('cores', '?')} cores, backend {m.get('backend', '?')}; JAX "
       f"{m.get('jax', '?')}; torch {t.get('version') or 'not installed'}"
@@ -398,6 +413,28 @@ def render_markdown(report: dict[str, Any]) -> str:
     for name, v in unit.get("dlg_outer_step_s", {}).items():
       lines.append(f"| {name} | {_fmt(v)} | "
                    f"{_fmt(unit.get('gs_iteration_s', {}).get(name))} |")
+    lines.append("")
+  presets = report.get("preset_costs")
+  if presets:
+    lines += ["## Trade-off presets: estimated cost", "",
+              "Every planned cell priced from the unit costs above "
+              "(`repdef_jax.paper.cost.estimate`; steps and attack "
+              "iterations only, no evaluation or host work, attacks at "
+              "CIFAR-10 shapes on one image: a lower bound). 'measured': the "
+              "committed medium run's total cell time (docs/results/"
+              "tradeoff, same CPU, under load), the check of the estimate. "
+              "One GPU: FLOPs of each step and attack iteration at "
+              f"{presets[0].get('gpu_model', '?')} "
+              "(`repdef_jax.paper.cost.gpu_seconds`; a model, not a "
+              "measurement: no GPU was lent).", "",
+              "| preset | cells | this CPU (h) | measured (h) | one GPU, "
+              "modelled (h) | CPU h by model |", "|---|---|---|---|---|---|"]
+    for p in presets:
+      by = "; ".join(f"{k} {_fmt(v)}" for k, v in
+                     sorted(p["by_model_h"].items()))
+      lines.append(f"| {p['preset']} | {p['cells']} | {_fmt(p['cpu_h'])} | "
+                   f"{_fmt(p.get('measured_h'))} | {_fmt(p['gpu_h'])} | "
+                   f"{by} |")
   return "\n".join(lines) + "\n"
 
 
@@ -409,12 +446,51 @@ def write(report: dict[str, Any], out_dir: str) -> None:
                      render_markdown(report))
 
 
+def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+  """``new`` with the parts it did not run taken from ``old``.
+
+  Each part keeps the machine line (commit, date, loads) of the run that
+  measured it, in ``measured``; runs of different sizes (quick / full) are
+  never merged.
+  """
+  parts = new["settings"]["parts"]
+  stamp = {k: new["machine"].get(k) for k in
+           ("git_commit", "date_utc", "load_average_before", "load_average",
+            "tracked_files_modified")}
+  new["measured"] = {p: stamp for p in parts}
+  if (not old or old.get("settings", {}).get("quick") !=
+      new["settings"]["quick"]):
+    return new
+  kept = [p for p in old.get("settings", {}).get("parts", PARTS)
+          if p not in parts]
+  if not kept:
+    return new
+  old_stamp = {k: old.get("machine", {}).get(k) for k in stamp}
+  new["measured"] = {**{p: old.get("measured", {}).get(p, old_stamp)
+                        for p in kept}, **new["measured"]}
+  rows = [r for r in old.get("rows", []) if r["part"] in kept] + new["rows"]
+  new["rows"] = sorted(rows, key=lambda r: PARTS.index(r["part"]))
+  if "fedavg" in kept:
+    new["paper_scale"] = old.get("paper_scale", [])
+  if "unit_costs" in kept:
+    new["unit_costs"] = old.get("unit_costs")
+    new["preset_costs"] = old.get("preset_costs")
+  new["settings"]["parts"] = [p for p in PARTS if p in kept or p in parts]
+  return new
+
+
 def run_and_write(quick: bool, out_dir: str, parts=PARTS,
                   torch_threads: int = 2) -> dict[str, Any]:
-  """:func:`run` then :func:`write`; prints where the files went."""
+  """:func:`run` then :func:`write`; prints where the files went.
+
+  A run of some of the parts replaces those parts of an existing report in
+  ``out_dir`` and keeps the others (:func:`merge`).
+  """
   t0 = time.perf_counter()
   report = run(quick, parts, torch_threads)
   report["machine"]["benchmark_wall_s"] = time.perf_counter() - t0
+  report = merge(storage.read_json(os.path.join(out_dir, "benchmarks.json")),
+                 report)
   write(report, out_dir)
   print(f"wrote {out_dir}/BENCHMARKS.md and benchmarks.json")
   return report

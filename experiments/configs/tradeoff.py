@@ -18,6 +18,11 @@ to 6 % DLG / 9 % GS); accuracy holds until MSE 0.8. Presets: ``quick`` (CI
 smoke run), ``medium`` (every claim at the paper's split, 3 seeds, 8 images
 per point, the leakage CNN only; ~2 h on a 2-core CPU), ``full`` (paper
 scale, GPU/TPU), ``tiny`` (tests).
+
+The dry run prices each cell from the timed cells of the committed medium
+run (docs/results/tradeoff) and, for models that run never trained, from
+the measured unit costs of docs/benchmarks/benchmarks.json
+(:mod:`repdef_jax.paper.cost`).
 """
 
 import ml_collections
@@ -36,10 +41,12 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
     # What decides on a 2-core CPU in about 2 h: the paper's MNIST split and
     # FedAvg (100 devices x 2 classes x 100, 10 per round, 5 local steps of
     # batch 10), 3 seeds, 8 images per point. Only the leakage CNN is
-    # trained here: defended LeNet training costs ~10 s per round on this
-    # CPU (Soteria at every local step), 200 rounds per cell; LeNet and
+    # trained here: a defended LeNet cell (Soteria at every local step, 200
+    # rounds) costs over half an hour on this CPU and a ConvNet cell days
+    # (unit costs in docs/benchmarks); they are trained in `full`. LeNet's
+    # undefended training curve is in the convergence part; LeNet and
     # LeNet5 are attacked at initialisation and after training in the
-    # adaptive part, and trained here in `full`.
+    # adaptive part.
     c.panels = ml_collections.ConfigDict({
         "leakage_mnist": _panel("mnist", "leakage", DLG_SUITE,
                                 client_lr=0.05, rounds=50),

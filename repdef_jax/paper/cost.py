@@ -2,16 +2,24 @@
 
 A cell's cost is its *work* (example-steps of FedAvg for a training cell,
 attack iterations times images for an attack cell) times a *rate* (seconds
-per unit of work) measured on finished cells of the same model, dataset,
-kind and defense family. Rates come from the cells of the run being planned
-(a resumed run) and from a reference result (``tradeoff.json`` of an earlier
-run, whose ``cell_costs`` list every cell's work and seconds); a model the
-references never ran is scaled from the nearest measured one by its forward
-FLOPs and flagged as extrapolated.
+per unit of work). Rates come, in this order, from:
+
+1. finished cells of the same model, dataset, kind and defense family: the
+   run being planned (a resumed run) and a reference result
+   (``tradeoff.json`` of an earlier run, whose ``cell_costs`` list every
+   cell's work and seconds);
+2. measured unit costs (``unit_costs`` of ``docs/benchmarks/benchmarks.json``,
+   :mod:`experiments.benchmarks.costs`): one local FedAvg step of the model
+   at the panel's batch size, plain and with Soteria, one DLG / GS iteration
+   on one image. These leave out evaluation and per-round host work, so
+   they are a lower bound; :func:`estimate` reports which models they priced;
+3. the nearest measured model scaled by forward FLOPs (flagged as
+   extrapolated).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Sequence
 
@@ -23,12 +31,20 @@ from repdef_jax import models as models_lib
 from repdef_jax import storage
 
 
-def model_key(config, panel: str) -> str:
-  """``model[kwargs]/dataset`` of a panel, e.g. ``convnet64[width=16]/mnist``."""
-  spec = config.panels[panel]
-  kwargs = dict(spec.get("model_kwargs", {}))
+def key(model: str, kwargs: dict[str, Any], dataset: str) -> str:
+  """``model[kwargs]/dataset``, e.g. ``convnet64[width=16]/mnist``.
+
+  Keyword arguments equal to the model's defaults are left out.
+  """
+  kwargs = models_lib.non_default_kwargs(model, kwargs)
   extra = ",".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
-  return f"{spec.model}{f'[{extra}]' if extra else ''}/{spec.dataset}"
+  return f"{model}{f'[{extra}]' if extra else ''}/{dataset}"
+
+
+def model_key(config, panel: str) -> str:
+  """The :func:`key` of a panel's model and dataset."""
+  spec = config.panels[panel]
+  return key(spec.model, spec.get("model_kwargs", {}), spec.dataset)
 
 
 def family(defense: str) -> str:
@@ -36,17 +52,22 @@ def family(defense: str) -> str:
   return "soteria" if defense == "soteria" else "plain"
 
 
-def _iterations(config, attacks: Sequence[str]) -> int:
-  """Worst-case attack iterations of a suite (no early stop)."""
-  total = 0
+def _iterations_by_attack(config, attacks: Sequence[str]) -> dict[str, int]:
+  """Worst-case iterations (no early stop) of a suite: ``{'dlg', 'gs'}``."""
+  total = {"dlg": 0, "gs": 0}
   for a in attacks:
-    b = config.attack_budgets["gs" if a.startswith("gs") else "dlg"]
-    if a.startswith("gs"):
-      total += int(b.get("iterations", 2000)) * int(b.get("restarts", 1))
+    fam = "gs" if a.startswith("gs") else "dlg"
+    b = config.attack_budgets[fam]
+    if fam == "gs":
+      total[fam] += int(b.get("iterations", 2000)) * int(b.get("restarts", 1))
     else:
-      total += (int(b.get("outer_steps", 300)) * int(b.get("inner_steps", 20))
-                * int(b.get("restarts", 1)))
+      total[fam] += (int(b.get("outer_steps", 300)) *
+                     int(b.get("inner_steps", 20)) * int(b.get("restarts", 1)))
   return total
+
+
+def _iterations(config, attacks: Sequence[str]) -> int:
+  return sum(_iterations_by_attack(config, attacks).values())
 
 
 def work(config, cell: dict[str, Any]) -> float:
@@ -76,8 +97,8 @@ def cell_costs(config, cells: Sequence[tuple[dict, dict]]) -> list[dict]:
   return out
 
 
-def _forward_flops(key: str) -> float:
-  """FLOPs of one forward pass of a ``model[kwargs]/dataset`` key."""
+def _model_of(key: str) -> tuple[models_lib.Model, tuple[int, ...]]:
+  """The model and image shape of a ``model[kwargs]/dataset`` key."""
   name_kw, dataset = key.split("/")
   name, _, kw = name_kw.partition("[")
   kwargs = {}
@@ -85,13 +106,105 @@ def _forward_flops(key: str) -> float:
     k, v = item.split("=")
     kwargs[k] = int(v) if v.isdigit() else v
   info = data_lib.get_info(dataset)
-  model = models_lib.get_model(name, info.image_shape, info.num_classes,
-                               **kwargs)
+  return (models_lib.get_model(name, info.image_shape, info.num_classes,
+                               **kwargs), tuple(info.image_shape))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_flops(key: str) -> float:
+  """FLOPs of one forward pass of one image (XLA's cost analysis)."""
+  model, shape = _model_of(key)
   params = jax.eval_shape(model.init, jax.random.key(0))
-  x = jax.ShapeDtypeStruct((1, *info.image_shape), np.float32)
+  x = jax.ShapeDtypeStruct((1, *shape), np.float32)
   cost = jax.jit(model.apply).lower(params, x).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float((cost or {}).get("flops", 0.0)) or 1.0
+
+
+# One modern GPU, as a model (no GPU was lent to measure one): FLOPs at
+# GPU_FLOPS (30 % of an H100's 67 TFLOP/s fp32 peak), and no step or
+# iteration faster than GPU_STEP_FLOOR_S (kernel launches of small models).
+# FLOPs per unit, in forward passes of one image: a training step 3 per
+# example (forward + backward), plus 2 per example and representation
+# feature with Soteria (one pullback each); a GS iteration 4 (forward,
+# backward, and the backward of that); a DLG (L-BFGS) iteration 12 (about
+# three loss-and-gradient evaluations of 4).
+GPU_FLOPS = 20e12
+GPU_STEP_FLOOR_S = 2e-4
+_FORWARDS = {"train": 3.0, "soteria": 2.0, "gs": 4.0, "dlg": 12.0}
+
+
+@functools.lru_cache(maxsize=None)
+def _num_features(key: str) -> int:
+  return _model_of(key)[0].num_features
+
+
+def gpu_seconds(config, cell: dict[str, Any]) -> float:
+  """A cell's seconds on one modern GPU from the FLOP model above.
+
+  Attack images run as one batch (:mod:`repdef_jax.paper.batched`).
+  """
+  from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
+  key_ = model_key(config, cell["panel"])
+  fwd, features = _forward_flops(key_), _num_features(key_)
+  unit = lambda forwards: max(forwards * fwd / GPU_FLOPS, GPU_STEP_FLOOR_S)
+  if cell["kind"] == "train":
+    tc = tradeoff.panel_config(config, cell["panel"])
+    b = tc.batch_size
+    per_step = _FORWARDS["train"] * b
+    if family(cell["defense"]) == "soteria":
+      per_step += _FORWARDS["soteria"] * b * features
+    return work(config, cell) / b * unit(per_step)
+  if cell["kind"] == "attack":
+    attacks, images = config.panels[cell["panel"]].attacks, config.num_images
+  else:
+    attacks, images = config.update_attack.attacks, config.update_attack.batch
+  its = _iterations_by_attack(config, attacks)
+  return sum(n * unit(images * _FORWARDS[a]) for a, n in its.items())
+
+
+def unit_seconds(config, cell: dict[str, Any],
+                 unit: dict[str, Any] | None) -> float | None:
+  """A cell's seconds from measured unit costs; None when they lack it.
+
+  Args:
+    config: the trade-off config.
+    cell: a planned cell.
+    unit: ``unit_costs`` of a benchmark report
+      (:func:`experiments.benchmarks.costs.unit_costs`) or None.
+  """
+  from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
+  if not unit:
+    return None
+  spec = config.panels[cell["panel"]]
+  wanted = key(spec.model, spec.get("model_kwargs", {}), "")
+  names = [n for n, m in unit.get("models", {}).items()
+           if key(m["name"], m.get("kwargs", {}), "") == wanted]
+  if not names:
+    return None
+  name = names[0]
+  if cell["kind"] == "train":
+    tc = tradeoff.panel_config(config, cell["panel"])
+    per_batch = unit.get("fedavg_step", {}).get(name, {}).get(spec.dataset,
+                                                              {})
+    # Batch keys are ints as measured, strings once read back from JSON.
+    step = per_batch.get(str(tc.batch_size), per_batch.get(tc.batch_size))
+    if step is None:
+      return None
+    per_step = step["soteria_s" if family(cell["defense"]) == "soteria"
+                    else "plain_s"]
+    return per_step * work(config, cell) / tc.batch_size
+  dlg = unit.get("dlg_outer_step_s", {}).get(name)
+  gs = unit.get("gs_iteration_s", {}).get(name)
+  if cell["kind"] == "attack":
+    attacks, images = config.panels[cell["panel"]].attacks, config.num_images
+  else:
+    attacks, images = config.update_attack.attacks, config.update_attack.batch
+  its = _iterations_by_attack(config, attacks)
+  if (its["dlg"] and dlg is None) or (its["gs"] and gs is None):
+    return None
+  per_dlg = (dlg or 0.0) / int(unit.get("dlg_inner_steps", 20))
+  return images * (its["dlg"] * per_dlg + its["gs"] * (gs or 0.0))
 
 
 def rates(costs: Sequence[dict]) -> dict[tuple[str, str, str], float]:
@@ -104,52 +217,67 @@ def rates(costs: Sequence[dict]) -> dict[tuple[str, str, str], float]:
   return {k: s / w for k, (s, w) in acc.items() if w > 0}
 
 
-def estimate(config, cells: Sequence[dict], workdir: str,
-             reference: str | None = None) -> dict[str, Any]:
+def estimate(config, cells: Sequence[dict], workdir: str | None,
+             reference: str | None = None,
+             units: str | dict[str, Any] | None = None) -> dict[str, Any]:
   """Estimated seconds of every planned cell not finished yet.
 
   Args:
     config: the trade-off config.
     cells: the plan (:func:`repdef_jax.paper.tradeoff.plan`).
     workdir: the run's folder (finished cells there cost nothing more and
-      give rates).
+      give rates); None for a plan with nothing run.
     reference: a ``tradeoff.json`` whose ``cell_costs`` give rates (default:
-      ``config.cost_reference``).
+      ``config.cost_reference``; '' for none).
+    units: a benchmark report path (its ``unit_costs``) or the unit costs
+      themselves (default: ``config.unit_costs_reference``; '' for none).
 
   Returns:
-    ``{'cells', 'finished', 'seconds', 'by_kind', 'extrapolated',
-    'unknown', 'reference'}``: estimated seconds left, by kind; models whose
-    rates were scaled by FLOPs; models with no rate at all.
+    ``{'cells', 'finished', 'seconds', 'gpu_seconds', 'by_kind',
+    'by_model', 'from_units', 'extrapolated', 'unknown', 'reference',
+    'units'}``: estimated seconds left on the machine of the timings and on
+    one GPU (:func:`gpu_seconds`), by kind and by model; models priced by
+    unit costs; models whose rates were scaled by FLOPs; models with no rate
+    at all.
   """
   from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
-  store_dir = os.path.join(workdir, "cells")
   finished = []
-  for cell in cells:
-    r = storage.read_json(os.path.join(store_dir,
+  for cell in cells if workdir else ():
+    r = storage.read_json(os.path.join(workdir, "cells",
                                        f"{tradeoff.cell_name(cell)}.json"))
     if r is not None:
       finished.append((cell, r))
   costs = cell_costs(config, finished)
-  reference = reference or config.get("cost_reference") or ""
+  if reference is None:
+    reference = config.get("cost_reference") or ""
   ref = storage.read_json(reference) if reference else None
   costs += (ref or {}).get("cell_costs", [])
   rate = rates(costs)
+  if units is None:
+    units = config.get("unit_costs_reference") or ""
+  unit = units
+  if isinstance(units, str):
+    unit = ((storage.read_json(units) or {}).get("unit_costs")
+            if units else None)
   done = {tradeoff.cell_name(c) for c, _ in finished}
-  flops_cache: dict[str, float] = {}
+  flops = _forward_flops
 
-  def flops(key):
-    if key not in flops_cache:
-      flops_cache[key] = _forward_flops(key)
-    return flops_cache[key]
-
-  total, by_kind, extrapolated, unknown = 0.0, {}, set(), set()
+  total, gpu_total, by_kind, by_model = 0.0, 0.0, {}, {}
+  from_units, extrapolated, unknown = set(), set(), set()
   for cell in cells:
     if tradeoff.cell_name(cell) in done:
       continue
+    gpu_total += gpu_seconds(config, cell)
     key = (model_key(config, cell["panel"]), cell["kind"],
            family(cell["defense"]))
-    r = rate.get(key)
-    if r is None:
+    s = None
+    if key in rate:
+      s = rate[key] * work(config, cell)
+    else:
+      s = unit_seconds(config, cell, unit)
+      if s is not None:
+        from_units.add(key[0])
+    if s is None:
       peers = [k for k in rate if k[1:] == key[1:]]
       if not peers:
         unknown.add(key)
@@ -157,25 +285,39 @@ def estimate(config, cells: Sequence[dict], workdir: str,
       # Scale the cheapest-to-compare measured model by forward FLOPs.
       near = min(peers, key=lambda k: abs(np.log(flops(k[0]) /
                                                  flops(key[0]))))
-      r = rate[near] * flops(key[0]) / flops(near[0])
+      s = rate[near] * flops(key[0]) / flops(near[0]) * work(config, cell)
       extrapolated.add(f"{key[0]} from {near[0]}")
-    s = r * work(config, cell)
     total += s
     by_kind[cell["kind"]] = by_kind.get(cell["kind"], 0.0) + s
+    by_model[key[0]] = by_model.get(key[0], 0.0) + s
   return {"cells": len(cells), "finished": len(done), "seconds": total,
-          "by_kind": by_kind, "extrapolated": sorted(extrapolated),
+          "gpu_seconds": gpu_total,
+          "by_kind": by_kind, "by_model": by_model,
+          "from_units": sorted(from_units),
+          "extrapolated": sorted(extrapolated),
           "unknown": sorted("/".join(k) for k in unknown),
-          "reference": reference or None}
+          "reference": reference or None,
+          "units": units if isinstance(units, str) and units else None}
 
 
 def render(est: dict[str, Any]) -> str:
   """The estimate as a few lines of text."""
+  sources = [s for s in (est["reference"], est.get("units")) if s]
   lines = [f"planned cells: {est['cells']} ({est['finished']} finished)",
            f"estimated time left: {est['seconds'] / 3600:.2f} h "
-           f"({est['seconds']:.0f} s) on the machine of the reference "
-           f"timings ({est['reference'] or 'this workdir'})"]
+           f"({est['seconds']:.0f} s) on the machine of the timings "
+           f"({', '.join(sources) or 'this workdir'})"]
   lines += [f"  {k}: {v / 3600:.2f} h" for k, v in
             sorted(est["by_kind"].items())]
+  lines += [f"  {k}: {v / 3600:.2f} h" for k, v in
+            sorted(est.get("by_model", {}).items())]
+  lines.append(f"one modern GPU, from FLOPs (a model, not a measurement; "
+               f"repdef_jax.paper.cost.GPU_FLOPS): "
+               f"{est['gpu_seconds'] / 3600:.2f} h")
+  if est.get("from_units"):
+    lines.append("priced from measured unit costs (steps and iterations "
+                 "only, no evaluation: a lower bound): " +
+                 "; ".join(est["from_units"]))
   if est["extrapolated"]:
     lines.append("extrapolated by forward FLOPs: " +
                  "; ".join(est["extrapolated"]))

@@ -75,6 +75,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.dry_run = False
   # Earlier tradeoff.json whose cell timings give the dry run's rates.
   c.cost_reference = "docs/results/tradeoff/tradeoff.json"
+  # Measured unit costs (python -m experiments.benchmark --parts=unit_costs)
+  # price the models that no finished cell has timed.
+  c.unit_costs_reference = "docs/benchmarks/benchmarks.json"
   c.data_dir = ""
   c.seeds = (0, 1, 2)
   # The paper's models (labelled): DLG's LeNet, GS's ConvNet (narrower in
