@@ -195,3 +195,19 @@ def test_quiet_run_prints_no_round_lines(mock_env, monkeypatch, capsys):
   monkeypatch.setenv("REPDEF_JAX_QUIET", "1")
   _run(_config(rounds=2, log_every=1), mock_env / "quiet", data_dir)
   assert "round" not in capsys.readouterr().out
+
+
+def test_orbax_info_lines_are_dropped_warnings_kept(mock_env):
+  import logging  # pylint: disable=g-import-not-at-top
+  _run(_config(rounds=1, checkpoint_every=1), mock_env / "ckpt",
+       mock_env / "data")  # installs the filter with its checkpoint manager
+  absl_logger = logging.getLogger("absl")
+  orbax_file = os.path.join(os.sep, "site", "orbax", "checkpoint", "x.py")
+
+  def emitted(level, path):
+    record = absl_logger.makeRecord("absl", level, path, 1, "m", (), None)
+    return absl_logger.filter(record)
+
+  assert not emitted(logging.INFO, orbax_file)
+  assert emitted(logging.WARNING, orbax_file)
+  assert emitted(logging.INFO, training.__file__)  # our round lines stay
