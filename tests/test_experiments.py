@@ -4,6 +4,7 @@ Every run reads ``tfds.testing.mock_data`` (no real data) and checks the
 files it writes and that a rerun reuses the finished cells.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -133,13 +134,24 @@ def test_adaptive_end_to_end(mock_env):
 def test_convergence_end_to_end(mock_env):
   result, workdir, config = _run(convergence, convergence_cfg, mock_env,
                                  "convergence")
-  assert {"curves.json", "loss_vs_round.png"} <= set(os.listdir(workdir))
+  assert {"curves.json", "loss_vs_round.png", "accuracy_vs_round.png"} <= set(
+      os.listdir(workdir))
   _claims_ok(result)
+  names = [s["name"] for s in result["settings"]]
+  assert names == ["I5_K10_none", "I5_K10_soteria10", "I5_K10_mlp_none"]
   for s in result["settings"]:
     assert s["seeds"] == [0, 1]
     assert len(s["global_loss_mean"]) == config.base.rounds
-    # logreg starts at zero weights: F(w_0) = ln 10 for every seed.
-    assert s["initial_loss"]["mean"] == pytest.approx(np.log(10), rel=1e-5)
+    assert len(s["test_accuracy_mean"]) == config.base.rounds
+    if "overrides" not in s:
+      # logreg starts at zero weights: F(w_0) = ln 10 for every seed.
+      assert s["initial_loss"]["mean"] == pytest.approx(np.log(10), rel=1e-5)
+  # The extra setting trained its own model (random init: F(w_0) != ln 10).
+  mlp_run = os.path.join(workdir, "runs", "I5_K10_mlp_none", "seed0")
+  with open(os.path.join(mlp_run, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["model"] == "mlp"
+  assert result["settings"][2]["initial_loss"]["mean"] != pytest.approx(
+      np.log(10), rel=1e-3)
   _rerun_reuses(convergence, config, workdir)
 
 

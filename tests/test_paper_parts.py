@@ -202,7 +202,8 @@ def test_convergence_claims_follow_rules():
   def summary(init, final, diverged=()):
     return {"name": "s", "defense": "soteria", "diverged_seeds": list(diverged),
             "initial_loss": _ci(init), "final_loss": _ci(final),
-            "loss_drop": stats.paired_difference_ci(init, final)}
+            "loss_drop": stats.paired_difference_ci(init, final),
+            "final_accuracy": _ci([0.8, 0.8, 0.8])}
 
   ln10 = [2.3026] * 3
   rows = convergence.claims([summary(ln10, [0.5, 0.6, 0.55]),
@@ -212,6 +213,11 @@ def test_convergence_claims_follow_rules():
   assert [r["verdict"] for r in rows] == [
       "held", "did not hold", "inconclusive",
       "did not hold (training diverged)"]
+  # A setting of another model is a trainability claim, not Theorem 2's.
+  lenet = {**summary(ln10, [0.5, 0.6, 0.55]), "overrides": {"model": "lenet"}}
+  row = convergence.claims([lenet])[0]
+  assert row["claim"].startswith("lenet trains under the paper's FedAvg")
+  assert row["verdict"] == "held"
 
 
 # --------------------------------------------------------------------------
