@@ -81,7 +81,8 @@ def get_config(preset: str = "medium"):
     base.checkpoint_every = 30
     base.log_every = 10
     config.local_steps = (1, 10)
-    # Defended LeNet costs ~11 s per round here (Soteria at every step).
+    # Defended LeNet costs ~8 s per round here (Soteria at every step; unit
+    # costs in docs/benchmarks), 200 rounds per seed.
     config.extra = (dict(lenet, defenses=("none",)),)
   elif preset == "quick":
     config.seeds = (0, 1)

@@ -4,13 +4,14 @@ Each setting (local steps I, sampled devices K, defense) runs for every seed
 (partition, initialisation, client sampling) as one resumable
 :func:`repdef_jax.training.train_and_evaluate` run in
 ``workdir/runs/<setting>/seed<s>``; its cell holds the global objective F(w)
-(l2 term included) at round 0 and after every round, and the test accuracy. Per setting: the
-initial and final F(w) and their paired difference over seeds with 95 %
-intervals; the claim "defended FedAvg converges" holds for a setting when the
-interval of ``F(w_0) - F(w_T)`` lies above 0 (docs/evaluation.md). Writes
-``curves.json`` (with ``claims``), ``loss_vs_round.png`` and
-``accuracy_vs_round.png`` (means over seeds with the interval as a band). Departure from the paper: it varies local
-*steps* of batch 10 (the paper varies local epochs).
+(l2 term included) at round 0 and after every round, and the test accuracy
+after every round. Per setting: the initial and final F(w) and their paired
+difference over seeds with 95 % intervals; the claim "defended FedAvg
+converges" holds for a setting when the interval of ``F(w_0) - F(w_T)`` lies
+above 0 (docs/evaluation.md). Writes ``curves.json`` (with ``claims``),
+``loss_vs_round.png`` and ``accuracy_vs_round.png`` (means over seeds with
+the interval as a band). Departure from the paper: it varies local *steps*
+of batch 10 (the paper varies local epochs).
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ PLOT_FILE = "loss_vs_round.png"
 ACCURACY_PLOT_FILE = "accuracy_vs_round.png"
 
 
+def _defense(spec: str, default_strength: float) -> tuple[str, float, str]:
+  """'none', 'soteria' (at ``default_strength``) or 'soteria:<strength>'
+  -> (defense, strength, label)."""
+  d, _, strength = spec.partition(":")
+  strength = (0.0 if d == "none" else
+              float(strength) if strength else default_strength)
+  return d, strength, d if d == "none" else f"{d}{strength:g}"
+
+
 def settings(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   """The runs: name, local_steps, clients_per_round, defense, strength."""
   base_k = config.base.clients_per_round
@@ -48,22 +58,17 @@ def settings(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   out = []
   for i, k in pairs:
     for spec in config.defenses:
-      # 'none', 'soteria' (base.defense_strength) or 'soteria:<strength>'.
-      d, _, strength = spec.partition(":")
-      strength = (0.0 if d == "none" else
-                  float(strength) if strength else config.base.defense_strength)
-      label = d if d == "none" else f"{d}{strength:g}"
+      d, strength, label = _defense(spec, config.base.defense_strength)
       out.append({"name": f"I{i}_K{k}_{label}", "local_steps": i,
                   "clients_per_round": k, "defense": d,
                   "strength": strength, "label": label})
-  # Other models at the base (I, K): e.g. DLG's LeNet, whose trade-off
-  # panels need it to learn under the paper's FedAvg.
+  # Other models at K = base K, e.g. DLG's LeNet, whose trade-off panels
+  # need it to learn under the paper's FedAvg.
   for extra in config.get("extra", ()):
     i = extra["overrides"].get("local_steps", base_i)
     for spec in extra["defenses"]:
-      d, _, strength = spec.partition(":")
-      strength = 0.0 if d == "none" else float(strength)
-      label = f"{extra['label']}_{d if d == 'none' else f'{d}{strength:g}'}"
+      d, strength, label = _defense(spec, config.base.defense_strength)
+      label = f"{extra['label']}_{label}"
       out.append({"name": f"I{i}_K{base_k}_{label}",
                   "local_steps": i, "clients_per_round": base_k,
                   "defense": d, "strength": strength, "label": label,
