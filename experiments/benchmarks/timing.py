@@ -246,7 +246,8 @@ def machine_info() -> dict[str, Any]:
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"],
         capture_output=True, text=True, timeout=10,
-        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        # Not stripped: each line starts with a 2-letter status and a space.
+        cwd=os.path.dirname(os.path.abspath(__file__))).stdout
   except (OSError, subprocess.SubprocessError):
     commit, dirty = None, ""
   return {
