@@ -35,9 +35,9 @@ Models (paper appendix B and the reference code):
 
 Convolutions: ``conv_impl`` 'auto' (the default: 's2d' on CPU, 'patches'
 for a one-channel image layer, 'xla' on GPU/TPU), 'xla', 'patches' (im2col)
-or 's2d' (space-to-depth, canonical
-layouts for every derivative); same parameters, same numbers (tested). Why
-and how fast: ``docs/design.md`` ("Convolutions") and ``docs/benchmarks``.
+or 's2d' (space-to-depth, canonical layouts for every derivative); same
+parameters, same numbers (tested). Why and how fast: ``docs/design.md``
+("Convolutions") and ``docs/benchmarks``.
 """
 
 from __future__ import annotations

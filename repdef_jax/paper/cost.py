@@ -66,22 +66,22 @@ def _iterations_by_attack(config, attacks: Sequence[str]) -> dict[str, int]:
   return total
 
 
-def _iterations(config, attacks: Sequence[str]) -> int:
-  return sum(_iterations_by_attack(config, attacks).values())
+def _suite(config, cell: dict[str, Any]) -> tuple[Sequence[str], int]:
+  """(attacks, images) of an attack or update cell."""
+  if cell["kind"] == "attack":
+    return config.panels[cell["panel"]].attacks, config.num_images
+  return config.update_attack.attacks, config.update_attack.batch
 
 
 def work(config, cell: dict[str, Any]) -> float:
   """The units of work of a planned cell (see the module docstring)."""
   from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
-  tc = tradeoff.panel_config(config, cell["panel"])
   if cell["kind"] == "train":
+    tc = tradeoff.panel_config(config, cell["panel"])
     return float(tc.rounds * tc.clients_per_round * tc.local_steps *
                  tc.batch_size)
-  if cell["kind"] == "attack":
-    return float(config.num_images *
-                 _iterations(config, config.panels[cell["panel"]].attacks))
-  ua = config.update_attack
-  return float(ua.batch * _iterations(config, ua.attacks))
+  attacks, images = _suite(config, cell)
+  return float(images * sum(_iterations_by_attack(config, attacks).values()))
 
 
 def cell_costs(config, cells: Sequence[tuple[dict, dict]]) -> list[dict]:
@@ -155,10 +155,7 @@ def gpu_seconds(config, cell: dict[str, Any]) -> float:
     if family(cell["defense"]) == "soteria":
       per_step += _FORWARDS["soteria"] * b * features
     return work(config, cell) / b * unit(per_step)
-  if cell["kind"] == "attack":
-    attacks, images = config.panels[cell["panel"]].attacks, config.num_images
-  else:
-    attacks, images = config.update_attack.attacks, config.update_attack.batch
+  attacks, images = _suite(config, cell)
   its = _iterations_by_attack(config, attacks)
   return sum(n * unit(images * _FORWARDS[a]) for a, n in its.items())
 
@@ -196,10 +193,7 @@ def unit_seconds(config, cell: dict[str, Any],
     return per_step * work(config, cell) / tc.batch_size
   dlg = unit.get("dlg_outer_step_s", {}).get(name)
   gs = unit.get("gs_iteration_s", {}).get(name)
-  if cell["kind"] == "attack":
-    attacks, images = config.panels[cell["panel"]].attacks, config.num_images
-  else:
-    attacks, images = config.update_attack.attacks, config.update_attack.batch
+  attacks, images = _suite(config, cell)
   its = _iterations_by_attack(config, attacks)
   if (its["dlg"] and dlg is None) or (its["gs"] and gs is None):
     return None
@@ -260,7 +254,6 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
     unit = ((storage.read_json(units) or {}).get("unit_costs")
             if units else None)
   done = {tradeoff.cell_name(c) for c, _ in finished}
-  flops = _forward_flops
 
   total, gpu_total, by_kind, by_model = 0.0, 0.0, {}, {}
   from_units, extrapolated, unknown = set(), set(), set()
@@ -270,7 +263,6 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
     gpu_total += gpu_seconds(config, cell)
     key = (model_key(config, cell["panel"]), cell["kind"],
            family(cell["defense"]))
-    s = None
     if key in rate:
       s = rate[key] * work(config, cell)
     else:
@@ -283,9 +275,10 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
         unknown.add(key)
         continue
       # Scale the cheapest-to-compare measured model by forward FLOPs.
-      near = min(peers, key=lambda k: abs(np.log(flops(k[0]) /
-                                                 flops(key[0]))))
-      s = rate[near] * flops(key[0]) / flops(near[0]) * work(config, cell)
+      near = min(peers, key=lambda k: abs(np.log(_forward_flops(k[0]) /
+                                                 _forward_flops(key[0]))))
+      s = (rate[near] * _forward_flops(key[0]) / _forward_flops(near[0]) *
+           work(config, cell))
       extrapolated.add(f"{key[0]} from {near[0]}")
     total += s
     by_kind[cell["kind"]] = by_kind.get(cell["kind"], 0.0) + s
