@@ -10,7 +10,8 @@ from repdef_jax.paper import reproduce
 main = config_entry.make_main(
     "reproduce", reproduce.run, reproduce.summary,
     shortcuts={"preset": reproduce.PRESETS, "parts": None, "mock_data": None,
-               "report_only": None, "publish": None, "readme": None})
+               "report_only": None, "publish": None, "readme": None,
+               "seeds": None, "compare_with": None})
 
 if __name__ == "__main__":
   app.run(main)

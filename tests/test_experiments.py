@@ -23,6 +23,7 @@ from experiments.configs import repinfer as repinfer_cfg  # noqa: E402
 from experiments.configs import visual as visual_cfg  # noqa: E402
 from repdef_jax.paper import adaptive  # noqa: E402
 from repdef_jax.paper import convergence  # noqa: E402
+from repdef_jax.paper import report  # noqa: E402
 from repdef_jax.paper import theorem1  # noqa: E402
 from repdef_jax import training  # noqa: E402
 from repdef_jax.paper import settings  # noqa: E402
@@ -155,14 +156,15 @@ def test_convergence_end_to_end(mock_env):
   _rerun_reuses(convergence, config, workdir)
 
 
-def _reproduce(tmp_path, parts):
+def _reproduce(tmp_path, parts, *extra, name="repro"):
   env = dict(os.environ, REPDEF_JAX_CACHE=str(tmp_path / "cache"),
              JAX_PLATFORMS="cpu")
   env.pop("TFDS_DATA_DIR", None)
-  workdir = tmp_path / "repro"
+  workdir = tmp_path / name
   cmd = [sys.executable, "-m", "experiments.reproduce", "--preset=tiny",
          f"--mock_data={NUM_MOCK}", f"--workdir={workdir}",
-         f"--data_dir={tmp_path / 'data'}", f"--parts={','.join(parts)}"]
+         f"--data_dir={tmp_path / 'data'}", f"--parts={','.join(parts)}",
+         *extra]
   out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=1200)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -173,22 +175,33 @@ def test_reproduce_entry_point_one_part(tmp_path):
   workdir, stdout = _reproduce(tmp_path, ["convergence"])  # The cheapest.
   assert (workdir / "convergence" / "curves.json").exists()
   assert (workdir / "convergence" / "PART_DONE.json").exists()
-  report = (workdir / "REPORT.md").read_text()
-  assert "Convergence of defended FedAvg" in report
-  assert "loss_vs_round.png" in report
+  text = (workdir / "REPORT.md").read_text()
+  assert "Convergence of defended FedAvg" in text
+  assert "loss_vs_round.png" in text
   assert "ETA" in stdout
   # Restart: the finished part is reused, not rerun.
   _, stdout = _reproduce(tmp_path, ["convergence"])
   assert "reused" in stdout
+  # A replica with other seeds, compared with the first run's claims.
+  replica, stdout = _reproduce(tmp_path, ["convergence"], "--seeds=7",
+                               f"--compare_with={workdir}", name="replica")
+  with open(replica / "convergence" / "curves.json", encoding="utf-8") as f:
+    assert json.load(f)["config"]["seeds"] == [7]
+  with open(replica / "replication.json", encoding="utf-8") as f:
+    counts = json.load(f)["counts"]
+  claims = report.all_claims(report.collect(str(workdir)))
+  assert sum(counts.values()) == len(claims) > 0
+  assert "[reproduce] replication:" in stdout
+  assert "reference seeds" in (replica / "REPLICATION.md").read_text()
 
 
 @pytest.mark.slow
 def test_reproduce_all_parts(tmp_path):
   workdir, _ = _reproduce(tmp_path, ["tradeoff", "visual", "repinfer",
                                      "convergence", "certified", "adaptive"])
-  report = (workdir / "REPORT.md").read_text()
+  text = (workdir / "REPORT.md").read_text()
   for part in ("tradeoff", "visual", "repinfer", "convergence", "certified",
                "adaptive"):
     assert (workdir / part / "PART_DONE.json").exists(), part
-  assert "Not run." not in report
-  assert "paper" in report
+  assert "Not run." not in text
+  assert "paper" in text

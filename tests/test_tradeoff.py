@@ -4,7 +4,6 @@ import json
 import os
 import sys
 
-import jax
 import numpy as np
 import pytest
 
@@ -13,6 +12,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from experiments.configs import tradeoff as tradeoff_cfg  # noqa: E402
+from repdef_jax import data as data_lib  # noqa: E402
 from repdef_jax import defenses  # noqa: E402
 from repdef_jax import models  # noqa: E402
 from repdef_jax.paper import cost  # noqa: E402
@@ -37,6 +37,11 @@ def test_tiny_end_to_end_and_resume(mock_env):
   for p in panel["points"]:
     assert len(p["accuracy"]) == 1 and 0.0 <= p["accuracy"][0] <= 1.0
     assert set(p["per_attack"]) == {"best", "gs", "gs_mask"}
+  # The attacked test images are recorded, and are the ones seed 0 draws.
+  num_test = len(data_lib.load("mnist", "test", config.data_dir)[1])
+  np.testing.assert_array_equal(
+      panel["attacked_images"]["0"],
+      tradeoff.attacked_indices(0, config.num_images, num_test))
   # Real-update attacks at the first and final stage of the defended run.
   assert set(panel["updates"]["soteria/50"]) == {"first", "final"}
   assert os.path.exists(os.path.join(

@@ -8,6 +8,10 @@ CPU), full (paper scale, GPU/TPU), tiny (tests, with --mock_data).
 --parts=tradeoff,visual runs a subset; --report_only rewrites the report;
 --publish=docs/results copies the results and the report there (no cells or
 checkpoints); --readme=README.md also refreshes the README's results block.
+Replication on unseen seeds and images (docs/evaluation.md):
+  python -m experiments.reproduce --preset=medium --parts=tradeoff \
+      --seeds=100,101,102 --compare_with=docs/results \
+      --workdir=runs/replica --publish=docs/results/replica
 A rerun skips finished parts and resumes unfinished ones.
 """
 
@@ -26,4 +30,8 @@ def get_config() -> ml_collections.ConfigDict:
   # e.g. docs/results: the JSON, figures and REPORT.md without the cells.
   c.publish = ""
   c.readme = ""  # e.g. README.md: refresh its generated results block.
+  # Replication: every part with these seeds (e.g. "100,101,102") instead
+  # of its preset's, compared with a published run (e.g. docs/results).
+  c.seeds = ""
+  c.compare_with = ""
   return c

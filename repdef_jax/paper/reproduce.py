@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from repdef_jax import storage
+from repdef_jax.paper import replication
 from repdef_jax.paper import report
 
 PRESETS = ("quick", "medium", "full", "tiny")
@@ -47,20 +48,44 @@ def _experiments_root() -> str:
 ROOT = _experiments_root()
 
 
+def parse_seeds(seeds: Any) -> tuple[int, ...]:
+  """``'100,101,102'`` (or a sequence of ints) -> ``(100, 101, 102)``;
+  empty: ``()``, each part keeps its preset's seeds.
+
+  Raises:
+    ValueError: not a comma-separated list of distinct non-negative ints.
+  """
+  items = seeds.split(",") if isinstance(seeds, str) else list(seeds or ())
+  try:
+    out = tuple(int(str(s).strip()) for s in items if str(s).strip())
+  except ValueError:
+    out = (-1,)
+  if any(s < 0 for s in out) or len(set(out)) != len(out):
+    raise ValueError(f"seeds must be distinct non-negative integers "
+                     f"separated by commas (e.g. '100,101,102'), got "
+                     f"{seeds!r}.")
+  return out
+
+
 def part_args(part: str, preset: str, workdir: str,
-              data_dir: str | None) -> list[str]:
-  """``[module, *args]`` of one part's entry point."""
+              data_dir: str | None, seeds: tuple[int, ...] = ()
+              ) -> list[str]:
+  """``[module, *args]`` of one part's entry point (``seeds``: replaces the
+  preset's seeds)."""
   args = [f"--workdir={workdir}",
           f"--config=experiments/configs/{part}.py:{preset}"]
   if data_dir:
     args.append(f"--data_dir={data_dir}")
+  if seeds:
+    args.append(f"--config.seeds=({','.join(map(str, seeds))},)")
   return [f"experiments.{part}", *args]
 
 
 def part_command(part: str, preset: str, workdir: str, data_dir: str | None,
-                 mock_data: int = 0) -> list[str]:
+                 mock_data: int = 0, seeds: tuple[int, ...] = ()
+                 ) -> list[str]:
   """The full command line (argv) of one part."""
-  module_args = part_args(part, preset, workdir, data_dir)
+  module_args = part_args(part, preset, workdir, data_dir, seeds)
   if mock_data:
     return [sys.executable, "-m", "experiments.mock_run", str(mock_data),
             *module_args]
@@ -73,7 +98,8 @@ def _display(cmd: list[str]) -> str:
 
 
 def run_parts(preset: str, workdir: str, data_dir: str | None,
-              parts: list[str], mock_data: int = 0) -> dict[str, dict]:
+              parts: list[str], mock_data: int = 0,
+              seeds: tuple[int, ...] = ()) -> dict[str, dict]:
   """Runs the parts (skipping finished ones); returns per-part run records."""
   os.makedirs(workdir, exist_ok=True)
   runs = storage.read_json(os.path.join(workdir, "reproduce.json"), {}) or {}
@@ -81,7 +107,7 @@ def run_parts(preset: str, workdir: str, data_dir: str | None,
   todo = [p for p in PART_ORDER if p in parts]
   for i, part in enumerate(todo):
     sub = os.path.join(workdir, part)
-    cmd = part_command(part, preset, sub, data_dir, mock_data)
+    cmd = part_command(part, preset, sub, data_dir, mock_data, seeds)
     shown = _display(cmd)
     marker = os.path.join(sub, "PART_DONE.json")
     done = storage.read_json(marker)
@@ -120,14 +146,20 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
       many examples per split; 0 = off), ``report_only``, ``data_dir``,
       ``publish`` (a folder receiving the deliverables and the report,
       :func:`repdef_jax.paper.report.publish`), ``readme`` (a README whose
-      generated results block is refreshed from the published folder).
+      generated results block is refreshed from the published folder),
+      ``seeds`` (comma-separated: every part runs with these seeds instead
+      of its preset's), ``compare_with`` (a published results folder: the
+      run's claims are compared with its claims,
+      :mod:`repdef_jax.paper.replication`, into REPLICATION.md).
     workdir: output folder.
 
   Returns:
-    ``{'report': path, 'runs': {part: record}, 'failed': [parts]}``.
+    ``{'report': path, 'runs': {part: record}, 'failed': [parts],
+    'replication': comparison or None}``.
 
   Raises:
-    ValueError: unknown preset or parts.
+    ValueError: unknown preset or parts, bad seeds, or a ``compare_with``
+      folder without results.
   """
   if config.preset not in PRESETS:
     raise ValueError(f"unknown preset {config.preset!r}; use one of "
@@ -139,20 +171,32 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
   if unknown:
     raise ValueError(f"unknown parts {sorted(unknown)}; valid: "
                      f"{', '.join(PART_ORDER)}.")
+  seeds = parse_seeds(config.get("seeds", ""))
+  if config.get("compare_with"):
+    replication.load_reference(config.compare_with)  # Fails before running.
+    if config.get("publish") and (os.path.abspath(config.publish) ==
+                                  os.path.abspath(config.compare_with)):
+      raise ValueError("publish must differ from compare_with (publishing "
+                       "would overwrite the reference's results).")
   workdir = os.path.abspath(workdir)
   if config.report_only:
     runs = storage.read_json(os.path.join(workdir, "reproduce.json"), {})
   else:
     runs = run_parts(config.preset, workdir, config.data_dir or None, parts,
-                     config.mock_data)
+                     config.mock_data, seeds)
   path = report.write_report(workdir, runs=runs, preset=config.preset)
   if config.get("publish"):
     path = report.publish(workdir, config.publish, preset=config.preset)
   if config.get("readme"):
     report.update_readme(config.readme, config.get("publish") or workdir)
+  replica = None
+  if config.get("compare_with"):
+    replica = replication.write(config.compare_with, workdir,
+                                config.get("publish") or None)
   failed = [p for p, r in runs.items()
             if str(r.get("status", "")).startswith("FAILED")]
-  return {"report": path, "runs": runs, "failed": failed}
+  return {"report": path, "runs": runs, "failed": failed,
+          "replication": replica}
 
 
 def summary(result: dict[str, Any], workdir: str) -> None:
@@ -161,6 +205,10 @@ def summary(result: dict[str, Any], workdir: str) -> None:
   total = sum(float(r.get("seconds") or 0) for r in result["runs"].values())
   print(f"[reproduce] wrote {result['report']}; parts' wall time "
         f"{total:.0f}s")
+  if result.get("replication"):
+    counts = result["replication"]["counts"]
+    print("[reproduce] replication: " + ", ".join(
+        f"{k} {v}" for k, v in sorted(counts.items())))
   if result["failed"]:
     print(f"[reproduce] FAILED parts: {', '.join(result['failed'])}")
     sys.exit(1)

@@ -185,6 +185,14 @@ def cell_name(cell: dict[str, Any]) -> str:
 # Measurement.
 
 
+def attacked_indices(seed: int, num_images: int, num_test: int) -> np.ndarray:
+  """The test-split indices of the images seed ``seed`` attacks (drawn from
+  its data stream without replacement)."""
+  keys = harness.sweep_keys(seed)
+  return np.asarray(jax.random.choice(keys.data, num_test, (num_images,),
+                                      replace=False))
+
+
 class _Panel:
   """What every cell of one (panel, seed) shares: model, data, keys."""
 
@@ -202,8 +210,7 @@ class _Panel:
     self.params0 = self.model.init(self.keys.init)
     test_x, test_y = data_lib.load(spec.dataset, "test",
                                    config.data_dir or None)
-    pick = np.asarray(jax.random.choice(self.keys.data, len(test_y),
-                                        (config.num_images,), replace=False))
+    pick = attacked_indices(seed, config.num_images, len(test_y))
     self.images = data_lib.to_float(np.asarray(test_x)[pick])
     self.labels = np.asarray(test_y, np.int32)[pick]
     self.indices = pick
@@ -545,6 +552,11 @@ def analyse(config, cells: list[tuple[dict, dict]]) -> dict[str, Any]:
         "attacks": list(attacks),
         "undefended_success_rate": {a: undefended[a]["success_rate"]
                                     for a in undefended},
+        # Test-split indices of the attacked images, per seed.
+        "attacked_images": {str(c["seed"]): [e["index"] for e in r["images"]]
+                            for c, r in cells if c["panel"] == name
+                            and c["kind"] == "attack"
+                            and c["defense"] == "none"},
         # Per-image samples stay in the JSON: the statistics can be
         # recomputed from it.
         "points": [{"defense": d, "strength": s, **p}
