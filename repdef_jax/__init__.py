@@ -3,6 +3,10 @@
 Curated public API; the submodules hold the rest.
 """
 
+# First: one CPU device per core, before anything starts JAX (host.py).
+from repdef_jax import host  # isort: skip
+host.configure_cpu_devices()
+
 from repdef_jax import attacks
 from repdef_jax import data
 from repdef_jax import defenses

@@ -116,8 +116,10 @@ def default_config() -> ml_collections.ConfigDict:
   # matmuls beats XLA's CPU batched ones), all at once on GPU/TPU.
   c.client_chunk = -1
   # > 1: shard clients over a 'clients' mesh axis of that many devices; 0:
-  # all devices. A multi-process run always uses every process's devices.
-  c.num_devices = 1
+  # all devices; 1: one device; -1 (auto): on CPU the host devices, one per
+  # core (fedavg.client_mesh), else one device. A multi-process run always
+  # uses every process's devices.
+  c.num_devices = -1
   # Multi-process runs (docs/scaling.md): "host:port" of process 0, the
   # number of processes and this one's id. "" = the cluster environment if
   # any (SLURM, Open MPI, JAX_COORDINATOR_ADDRESS...), else one process.
@@ -180,8 +182,8 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
   if config.checkpoints_to_keep < 1:
     raise ValueError(f"checkpoints_to_keep must be >= 1, got "
                      f"{config.checkpoints_to_keep}.")
-  if config.num_devices < 0:
-    raise ValueError(f"num_devices must be >= 0 (0 = all), got "
+  if config.num_devices < -1:
+    raise ValueError(f"num_devices must be >= -1 (-1 = auto, 0 = all), got "
                      f"{config.num_devices}.")
 
 
@@ -479,11 +481,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
   keys = fedavg.key_streams(config.seed)
   state = fedavg.init(model, fcfg, keys.init)
-  mesh = None
-  if multi or config.num_devices != 1:
-    # 0 = all devices; several processes always use all (1 included).
+  if multi or config.num_devices not in (-1, 1):
+    # 0 = all devices; several processes always use all (1 and -1 included).
     mesh = fedavg.make_mesh(None if config.num_devices == 0 or (
-        multi and config.num_devices == 1) else config.num_devices)
+        multi and config.num_devices in (-1, 1)) else config.num_devices)
+  else:
+    mesh = fedavg.client_mesh("auto" if config.num_devices == -1 else None,
+                              fcfg.clients_per_round)
+  if mesh is not None:
     # Placed once on every device (of every process), not at every round.
     state, data, test, keys = _replicate((state, data, test, keys), mesh)
   saver = _Saver(_checkpoint_manager(workdir, config.checkpoints_to_keep))

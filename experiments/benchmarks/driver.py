@@ -33,7 +33,7 @@ PAPER_ROUNDS = 200
 SETTINGS = {
     "full": dict(shape=(32, 32, 3), plain_batches=(10, 50, 200),
                  plain_clients=10, defended_batches=(10, 50),
-                 defended_clients=1, per_client=200, mask_batches=(1, 10, 50),
+                 defended_clients=2, per_client=200, mask_batches=(1, 10, 50),
                  paper=dict(clients=2, local_steps=5,
                             input_shape=(28, 28, 1)),
                  per_example=(("convnet64", 8), ("lenet", 32)),
