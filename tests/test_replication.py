@@ -1,5 +1,7 @@
 """Replica vs reference: the agreement rule on claims with known answers."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -103,3 +105,30 @@ def test_part_args_pass_the_seeds_as_a_tuple():
   assert args[-1] == "--config.seeds=(100,101,)"
   assert "--config.seeds" not in " ".join(
       reproduce.part_args("visual", "medium", "w", None))
+
+
+def test_readme_block_counts_and_lists_what_differs(tmp_path):
+  ref = {"tradeoff": _tradeoff_result([0])}
+  rep = {"tradeoff": _tradeoff_result([9], {"9": [1, 2, 3, 4]})}
+  rep["tradeoff"]["claims"][0].update(verdict="did not hold", low=0.1,
+                                      high=0.2, value=0.15)
+  ref["visual"] = {"claims": [_claim("v", 1.0, 0.5, 1.5, "held")]}
+  result = replication.compare(ref, rep)
+  dest = tmp_path / "replica"
+
+  dest.mkdir()
+  (dest / replication.JSON_FILE).write_text(json.dumps(result))
+  readme = tmp_path / "README.md"
+  readme.write_text(f"top\n{replication.README_BEGIN}\nPLACEHOLDER\n"
+                    f"{replication.README_END}\nbottom\n")
+  assert replication.update_readme(str(readme), str(dest))
+  text = readme.read_text()
+  assert text.startswith("top\n") and text.endswith("bottom\n")
+  assert "PLACEHOLDER" not in text
+  assert ("Of the 1 claims the replica ran, 0 replicate, 1 give another "
+          "verdict") in text
+  assert "1 claims of parts it did not run are not replicated" in text
+  assert "| c | held | did not hold | verdict differs |" in text
+  readme.write_text("no markers\n")
+  with pytest.raises(ValueError, match="replication:begin"):
+    replication.update_readme(str(readme), str(dest))

@@ -11,7 +11,8 @@ checkpoints); --readme=README.md also refreshes the README's results block.
 Replication on unseen seeds and images (docs/evaluation.md):
   python -m experiments.reproduce --preset=medium --parts=tradeoff \
       --seeds=100,101,102 --compare_with=docs/results \
-      --workdir=runs/replica --publish=docs/results/replica
+      --workdir=runs/replica --publish=docs/results/replica \
+      --readme=README.md   # refreshes only the README's replication block
 A rerun skips finished parts and resumes unfinished ones.
 """
 

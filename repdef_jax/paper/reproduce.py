@@ -187,12 +187,14 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
   path = report.write_report(workdir, runs=runs, preset=config.preset)
   if config.get("publish"):
     path = report.publish(workdir, config.publish, preset=config.preset)
-  if config.get("readme"):
-    report.update_readme(config.readme, config.get("publish") or workdir)
+  dest = config.get("publish") or workdir
   replica = None
   if config.get("compare_with"):
-    replica = replication.write(config.compare_with, workdir,
-                                config.get("publish") or None)
+    replica = replication.write(config.compare_with, workdir, dest)
+    if config.get("readme"):  # A replica fills only its own README block.
+      replication.update_readme(config.readme, dest)
+  elif config.get("readme"):
+    report.update_readme(config.readme, dest)
   failed = [p for p, r in runs.items()
             if str(r.get("status", "")).startswith("FAILED")]
   return {"report": path, "runs": runs, "failed": failed,
