@@ -115,7 +115,6 @@ def test_readme_block_counts_and_lists_what_differs(tmp_path):
   ref["visual"] = {"claims": [_claim("v", 1.0, 0.5, 1.5, "held")]}
   result = replication.compare(ref, rep)
   dest = tmp_path / "replica"
-
   dest.mkdir()
   (dest / replication.JSON_FILE).write_text(json.dumps(result))
   readme = tmp_path / "README.md"
