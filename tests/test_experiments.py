@@ -192,7 +192,7 @@ def test_reproduce_entry_point_one_part(tmp_path):
   claims = report.all_claims(report.collect(str(workdir)))
   assert sum(counts.values()) == len(claims) > 0
   assert "[reproduce] replication:" in stdout
-  assert "reference seeds" in (replica / "REPLICATION.md").read_text()
+  assert "seeds [7] (reference" in (replica / "REPLICATION.md").read_text()
 
 
 @pytest.mark.slow

@@ -73,7 +73,7 @@ def test_compare_counts_images_attacked_by_both():
   assert result["seeds"] == {"tradeoff": ([0], [9])}
   assert result["counts"] == {"replicates": 1}
   text = replication.render(result, "ref")
-  assert "4 test images, 2 of them attacked by the reference" in text
+  assert "4 attacked test images, 2 shared with the reference" in text
 
 
 def test_attacked_indices_differ_between_seeds():

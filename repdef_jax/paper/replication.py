@@ -126,6 +126,15 @@ def compare(reference: dict[str, dict | None],
           "shared_images": shared, "attacked_images": attacked}
 
 
+def _provenance(result: dict[str, Any]) -> list[str]:
+  """Bullets: each part's seeds, each panel's attacked images."""
+  lines = [f"- {part}: seeds {rep} (reference {ref})"
+           for part, (ref, rep) in result["seeds"].items()]
+  return lines + [f"- {name}: {n} attacked test images, "
+                  f"{result['shared_images'][name]} shared with the reference"
+                  for name, n in result["attacked_images"].items()]
+
+
 def render(result: dict[str, Any], reference_dir: str) -> str:
   """REPLICATION.md: the rule, the counts and one row per claim."""
   iv = lambda c: ("n/a" if c is None else report.fmt_interval(  # noqa: E731
@@ -135,12 +144,7 @@ def render(result: dict[str, Any], reference_dir: str) -> str:
       f"Reference: `{reference_dir}`. Rule (docs/evaluation.md, "
       "Replication): a claim replicates when both runs give the same "
       "verdict and their 95 % intervals overlap.", ""]
-  for part, (ref, rep) in result["seeds"].items():
-    lines.append(f"- {part}: reference seeds {ref}, replica seeds {rep}")
-  for name, n in result["attacked_images"].items():
-    lines.append(f"- {name}: the replica attacks {n} test images, "
-                 f"{result['shared_images'][name]} of them attacked by the "
-                 "reference too")
+  lines += _provenance(result)
   lines += ["", "Counts: " + ", ".join(
       f"{k} {v}" for k, v in sorted(result["counts"].items())), ""]
   lines += report.table(
@@ -192,11 +196,7 @@ def readme_block(result: dict[str, Any], source: str) -> str:
            f"Generated from `{source}/{JSON_FILE}` by "
            "`repdef_jax.paper.replication`; rule in docs/evaluation.md "
            "(Replication).", ""]
-  for part, (ref, rep) in result["seeds"].items():
-    lines.append(f"- {part}: seeds {rep} (reference {ref})")
-  for name, n in result["attacked_images"].items():
-    lines.append(f"- {name}: {n} attacked test images, "
-                 f"{result['shared_images'][name]} shared with the reference")
+  lines += _provenance(result)
   lines += ["", f"Of the {compared} claims the replica ran, "
             f"{counts.get('replicates', 0)} replicate, "
             f"{counts.get('verdict differs', 0)} give another verdict and "
