@@ -54,6 +54,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from repdef_jax import gradients
+from repdef_jax import host
 from repdef_jax import models as models_lib
 from repdef_jax.defenses import base as defenses_base
 
@@ -485,11 +486,9 @@ def client_mesh(mesh: Union[jax.sharding.Mesh, str, None],
     return mesh
   if mesh != "auto":
     raise ValueError(f"mesh must be a Mesh, None or 'auto', got {mesh!r}.")
-  backend = backend or jax.default_backend()
-  n = min(jax.local_device_count(), clients_per_round)
-  if backend != "cpu" or jax.process_count() > 1 or n < 2:
+  if (backend or jax.default_backend()) != "cpu":
     return None
-  return make_mesh(n)
+  return host.cpu_mesh(clients_per_round, CLIENTS_AXIS)
 
 
 def make_round(model: models_lib.Model,

@@ -1,11 +1,12 @@
-"""One JAX CPU device per core, so a FedAvg round runs clients in parallel.
+"""One JAX CPU device per core, so independent work runs on all of them.
 
 XLA's CPU backend spreads one device's work over the cores poorly for the
 small convolutions of the paper's models; with one host device per core the
-clients of a round are sharded over them (:func:`repdef_jax.fedavg.
-client_mesh`). Measured on a 2-core CPU (docs/scaling.md): LeNet rounds
-1.3-1.4x faster, plain and defended. ``import repdef_jax`` applies this
-before JAX starts, unless
+clients of a FedAvg round (:func:`repdef_jax.fedavg.client_mesh`) and a
+batch of independent attacks (:func:`repdef_jax.attacks.base.
+over_devices`) are sharded over them (:func:`cpu_mesh`). Measured on a
+2-core CPU: docs/scaling.md. ``import repdef_jax`` applies this before JAX
+starts, unless
 
 * JAX has already started (then it cannot change: one device),
 * the CPU device count is set already (``XLA_FLAGS`` with
@@ -22,6 +23,7 @@ from __future__ import annotations
 import os
 
 import jax
+import numpy as np
 
 ENV = "REPDEF_JAX_CPU_DEVICES"
 
@@ -65,3 +67,13 @@ def configure_cpu_devices() -> bool:
     return False
   jax.config.update("jax_num_cpu_devices", cpu_device_count())
   return True
+
+
+def cpu_mesh(items: int, axis: str) -> jax.sharding.Mesh | None:
+  """A 1-D mesh named ``axis`` over ``min(devices, items)`` local CPU
+  devices, or None (fewer than 2 of them, several processes, or a GPU/TPU
+  backend: one device)."""
+  n = min(jax.local_device_count(), items)
+  if (jax.default_backend() != "cpu" or jax.process_count() > 1 or n < 2):
+    return None
+  return jax.sharding.Mesh(np.asarray(jax.local_devices()[:n]), (axis,))

@@ -176,13 +176,17 @@ def test_run_batch_checks_its_inputs(setup):
     ("dlg", {"outer_steps": 4, "inner_steps": 5, "tol": 0.0,
              "grad_tol": 0.0}, 20),
 ])
-def test_progress_events_and_identical_results(setup, name, overrides, total):
+def test_progress_events_and_identical_results(setup, name, overrides, total,
+                                              monkeypatch):
   model, params, grads, keys, _ = setup
   events = []
   with progress.reporting(events.append):
     on = attacks.run_batch(name, model, params, grads, 1, keys,
                            progress_every=5, **overrides)
     jax.block_until_ready(on)
+  # A reported batch runs on one device (base.over_devices): without
+  # reports, the same one-device program gives the same numbers.
+  monkeypatch.setattr(base.host, "cpu_mesh", lambda *a: None)
   off = attacks.run_batch(name, model, params, grads, 1, keys, **overrides)
   assert [e.iteration for e in events] == [5, 10, 15, 20]
   assert [e.final for e in events] == [False, False, False, True]
@@ -215,3 +219,33 @@ def test_bad_progress_and_restarts_values(setup):
                              ("gs", "progress_every", 1.5)):
     with pytest.raises(ValueError, match=field):
       attacks.get_attack(name)(model, params, g, 1, keys[0], **{field: value})
+
+
+def _toy_core(model, params, shared, keys, labels, run_id, *, scale):
+  """Independent 'attacks': row k of every output depends on row k only."""
+  del model
+  noise = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys)
+  return {"out": shared * scale * params + noise[:, None],
+          "labels": labels + run_id}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_over_devices_equals_one_device(k, monkeypatch):
+  shared = jnp.arange(k * 4, dtype=jnp.float32).reshape(k, 4)
+  keys = jax.random.split(jax.random.key(0), k)
+  labels = jnp.arange(k, dtype=jnp.int32)[:, None]
+  args = (None, jnp.float32(2.0), shared, keys, labels, jnp.int32(1))
+  got = base.over_devices(_toy_core, *args, progress=False, scale=3.0)
+  want = _toy_core(*args, scale=3.0)
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+  # With progress reporting, or when no mesh is available, one device runs.
+  monkeypatch.setattr(base.host, "cpu_mesh", lambda *a: pytest.fail("mesh"))
+  base.over_devices(_toy_core, *args, progress=True, scale=3.0)
+
+
+def test_over_devices_shards_when_the_host_has_several_cpu_devices():
+  mesh = base.host.cpu_mesh(4, base.BATCH_AXIS)
+  assert (mesh is None) == (jax.local_device_count() < 2)
+  if mesh is not None:
+    assert mesh.size == min(jax.local_device_count(), 4)

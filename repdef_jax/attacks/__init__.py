@@ -135,8 +135,13 @@ def run_batch(attack: str | Attack, model, params, shared_batch,
   config. Each attack stops (converged or diverged) on its own and is frozen
   from then on, so a diverging attack does not change the others: attack k
   equals ``get_attack(attack)(model, params, shared_batch[k], num_images,
-  keys[k], labels=labels[k], ...)`` to float tolerance. Progress
-  (``progress_every``) is reported once per batch.
+  keys[k], labels=labels[k], ...)`` to float tolerance (DLG's L-BFGS can
+  amplify such differences on an image it has not converged on). On a CPU
+  with several host devices (one per core, :mod:`repdef_jax.host`) the K
+  attacks are split over them and run in parallel
+  (:func:`repdef_jax.attacks.base.over_devices`), unless progress
+  (``progress_every``) is reported: then one device runs the batch and
+  reports once per batch.
 
   Args:
     attack: a registered name or an :class:`Attack`.

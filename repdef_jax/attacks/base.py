@@ -11,6 +11,7 @@ computed its gradient at, and the gradient it shared (possibly defended).
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any, Callable, NamedTuple
 
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from repdef_jax import gradients as gradients_lib
+from repdef_jax import host
 from repdef_jax import models as models_lib
 
 Params = Any
@@ -188,6 +190,48 @@ def batch_map(fn: Callable, size: int, in_axes: tuple) -> Callable:
     return jax.tree_util.tree_map(lambda t: t[None], fn(*args))
 
   return one
+
+
+BATCH_AXIS = "attacks"
+
+
+@functools.lru_cache(maxsize=32)
+def _sharded(core: Callable, model: models_lib.Model,
+             mesh: jax.sharding.Mesh, static: tuple):
+  spec = jax.sharding.PartitionSpec(BATCH_AXIS)
+  rep = jax.sharding.PartitionSpec()
+  body = lambda params, shared, keys, labels, run_id: core(  # noqa: E731
+      model, params, shared, keys, labels, run_id, **dict(static))
+  return jax.jit(jax.shard_map(body, mesh=mesh,
+                               in_specs=(rep, spec, spec, spec, rep),
+                               out_specs=spec, check_vma=False))
+
+
+def over_devices(core: Callable, model: models_lib.Model, params: Params,
+                 shared: Params, keys: jax.Array, labels: jax.Array,
+                 run_id: jax.Array, *, progress: bool, **static) -> Any:
+  """``core(model, params, shared, keys, labels, run_id, **static)`` on K
+  attacks, split over the CPU's host devices when there are several.
+
+  ``core`` runs independent attacks stacked on the leading axis of
+  ``shared``, ``keys`` and ``labels`` and returns outputs with that axis.
+  With several CPU devices (one per core, :mod:`repdef_jax.host`) and no
+  ``progress`` reporting (it would report once per device), each device runs
+  a share of the K attacks (K padded with copies of the last attack, whose
+  results are dropped), in parallel; attack k gives the one-device result
+  to float tolerance. Otherwise ``core`` runs as is.
+  """
+  k = keys.shape[0]
+  mesh = None if progress else host.cpu_mesh(k, BATCH_AXIS)
+  if mesh is None:
+    return core(model, params, shared, keys, labels, run_id, **static)
+  padded = -(-k // mesh.size) * mesh.size
+  pad = lambda t: jnp.concatenate(  # noqa: E731
+      [t, jnp.repeat(t[-1:], padded - k, axis=0)]) if padded > k else t
+  shared, keys, labels = jax.tree_util.tree_map(pad, (shared, keys, labels))
+  out = _sharded(core, model, mesh, tuple(sorted(static.items())))(
+      params, shared, keys, labels, run_id)
+  return jax.tree_util.tree_map(lambda t: t[:k], out)
 
 
 def pick(tree: Any, index: jax.Array) -> Any:

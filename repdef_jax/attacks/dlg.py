@@ -204,8 +204,10 @@ def _run(model, params, shared_batch, num_images, keys, labels, config):
     labels = jnp.zeros((keys.shape[0], num_images), jnp.int32)
   run_id = (progress.start_run() if config.progress_every
             else jnp.zeros((), jnp.int32))
-  return _dlg_jit(model, params, shared_batch, keys, labels, run_id,
-                  num_images=num_images, mode=mode, config=config)
+  return base.over_devices(_dlg_jit, model, params, shared_batch, keys,
+                           labels, run_id,
+                           progress=bool(config.progress_every),
+                           num_images=num_images, mode=mode, config=config)
 
 
 def _optimizer(config: DLGConfig) -> optax.GradientTransformation:

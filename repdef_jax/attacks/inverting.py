@@ -192,8 +192,10 @@ def _run(model, params, shared_batch, num_images, keys, labels, config):
     labels = jnp.zeros((keys.shape[0], num_images), jnp.int32)
   run_id = (progress.start_run() if config.progress_every
             else jnp.zeros((), jnp.int32))
-  return _gs_jit(model, params, shared_batch, keys, labels, run_id,
-                 num_images=num_images, infer=infer, config=config)
+  return base.over_devices(_gs_jit, model, params, shared_batch, keys,
+                           labels, run_id,
+                           progress=bool(config.progress_every),
+                           num_images=num_images, infer=infer, config=config)
 
 
 @functools.partial(jax.jit,
