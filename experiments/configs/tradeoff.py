@@ -16,8 +16,9 @@ What the paper claims: Soteria's MSE > 160x the baselines' at equal accuracy;
 no accuracy lost where reconstructions become unrecognisable (baselines: up
 to 6 % DLG / 9 % GS); accuracy holds until MSE 0.8. Presets: ``quick`` (CI
 smoke run), ``medium`` (every claim at the paper's split, 3 seeds, 8 images
-per point, the leakage CNN only; ~2 h on a 2-core CPU), ``full`` (paper
-scale, GPU/TPU), ``tiny`` (tests).
+per point, the leakage CNN only; 3.7 h of cells on a 2-core CPU in the
+committed run, with one CPU device), ``full`` (paper scale, GPU/TPU),
+``tiny`` (tests).
 
 The dry run prices each cell from the timed cells of the committed medium
 run (docs/results/tradeoff) and, for models that run never trained, from
@@ -38,11 +39,11 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
   """'quick', 'medium', 'full' or 'tiny'."""
   c = tradeoff.default_config()
   if preset == "medium":
-    # What decides on a 2-core CPU in about 2 h: the paper's MNIST split and
-    # FedAvg (100 devices x 2 classes x 100, 10 per round, 5 local steps of
+    # What decides on a 2-core CPU in a few hours: the paper's MNIST split
+    # and FedAvg (100 devices x 2 classes x 100, 10 per round, 5 local steps of
     # batch 10), 3 seeds, 8 images per point. Only the leakage CNN is
     # trained here: a defended LeNet cell (Soteria at every local step, 200
-    # rounds) costs over half an hour on this CPU and a ConvNet cell days
+    # rounds) costs over 20 minutes on this CPU and a ConvNet cell days
     # (unit costs in docs/benchmarks); they are trained in `full`. LeNet's
     # undefended training curve is in the convergence part; LeNet and
     # LeNet5 are attacked at initialisation and after training in the
