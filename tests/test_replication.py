@@ -113,6 +113,9 @@ def test_readme_block_counts_and_lists_what_differs(tmp_path):
   rep["tradeoff"]["claims"][0].update(verdict="did not hold", low=0.1,
                                       high=0.2, value=0.15)
   ref["visual"] = {"claims": [_claim("v", 1.0, 0.5, 1.5, "held")]}
+  for run in (ref, rep):
+    run["tradeoff"]["claims"].append(_claim("r", None, None, None,
+                                            "inconclusive (why)"))
   result = replication.compare(ref, rep)
   dest = tmp_path / "replica"
   dest.mkdir()
@@ -124,7 +127,8 @@ def test_readme_block_counts_and_lists_what_differs(tmp_path):
   text = readme.read_text()
   assert text.startswith("top\n") and text.endswith("bottom\n")
   assert "PLACEHOLDER" not in text
-  assert ("Of the 1 claims the replica ran, 0 replicate, 1 give another "
+  assert ("Of the 2 claims the replica ran, 1 replicate (1 of them by "
+          "verdict alone: neither run has an estimate), 1 give another "
           "verdict") in text
   assert "1 claims of parts it did not run are not replicated" in text
   assert "| c | held | did not hold | verdict differs |" in text

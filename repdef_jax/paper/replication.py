@@ -147,11 +147,14 @@ def render(result: dict[str, Any], reference_dir: str) -> str:
   lines += _provenance(result)
   lines += ["", "Counts: " + ", ".join(
       f"{k} {v}" for k, v in sorted(result["counts"].items())), ""]
+  overlap = {True: "yes", False: "no", None: "n/a"}
   lines += report.table(
-      ["claim", "reference", "verdict", "replica", "verdict", "status"],
+      ["claim", "reference", "verdict", "replica", "verdict",
+       "estimates agree", "status"],
       [[r["claim"], iv(r["reference"]),
         (r["reference"] or {}).get("verdict", "n/a"), iv(r["replica"]),
-        (r["replica"] or {}).get("verdict", "n/a"), r["status"]]
+        (r["replica"] or {}).get("verdict", "n/a"), overlap[r["overlap"]],
+        r["status"]]
        for r in result["rows"]])
   return "\n".join(lines) + "\n"
 
@@ -197,8 +200,11 @@ def readme_block(result: dict[str, Any], source: str) -> str:
            "`repdef_jax.paper.replication`; rule in docs/evaluation.md "
            "(Replication).", ""]
   lines += _provenance(result)
+  no_estimate = sum(r["status"] == "replicates" and r["overlap"] is None
+                    for r in result["rows"])
   lines += ["", f"Of the {compared} claims the replica ran, "
-            f"{counts.get('replicates', 0)} replicate, "
+            f"{counts.get('replicates', 0)} replicate ({no_estimate} of them "
+            "by verdict alone: neither run has an estimate), "
             f"{counts.get('verdict differs', 0)} give another verdict and "
             f"{counts.get('estimates differ', 0)} the same verdict with "
             "disjoint intervals; "
