@@ -16,9 +16,10 @@ What the paper claims: Soteria's MSE > 160x the baselines' at equal accuracy;
 no accuracy lost where reconstructions become unrecognisable (baselines: up
 to 6 % DLG / 9 % GS); accuracy holds until MSE 0.8. Presets: ``quick`` (CI
 smoke run), ``medium`` (every claim at the paper's split, 3 seeds, 8 images
-per point, the leakage CNN only; 3.7 h of cells on a 2-core CPU in the
-committed run, with one CPU device), ``full`` (paper scale, GPU/TPU),
-``tiny`` (tests).
+per point, the leakage CNN only; on a 2-core CPU 3.7 h of cells in the
+committed run, timed partly under other load and with older code, 1.3 h in
+the seeds-100-102 replica of docs/results/replica), ``full`` (paper scale,
+GPU/TPU), ``tiny`` (tests).
 
 The dry run prices each cell from the timed cells of the committed medium
 run (docs/results/tradeoff) and, for models that run never trained, from
