@@ -477,7 +477,7 @@ def client_mesh(mesh: Union[jax.sharding.Mesh, str, None],
   With several CPU devices in one process (one per core by default,
   :mod:`repdef_jax.host`), 'auto' is a 'clients' mesh over
   ``min(devices, clients_per_round)`` of them, so the cores run clients in
-  parallel (measured 1.3-1.4x per LeNet round on 2 cores, docs/scaling.md);
+  parallel (measured 1.2-1.8x per LeNet round on 2 cores, docs/scaling.md);
   with one CPU device, several processes, or on a GPU/TPU, 'auto' is None
   (one device; more accelerators are used by passing a mesh). A mesh or None
   is returned as given.
@@ -519,7 +519,7 @@ def make_round(model: models_lib.Model,
       over it with ``shard_map`` (K is padded with weight-0 slots to a
       multiple of the axis size), same result as one device to float
       rounding; None: one device; 'auto' (default, :func:`client_mesh`): the
-      CPU's host devices, else one device.
+      CPU's host devices, else (and with ``jit=False``) one device.
     return_client_updates: also return every client's delta (attack hook).
     eval_global_loss: also compute the federated objective after the round.
     donate: donate the input state's buffers (the caller must not reuse it).
