@@ -3,7 +3,7 @@
 Curated public API; the submodules hold the rest.
 """
 
-# First: one CPU device per core, before anything starts JAX (host.py).
+# First, before anything starts JAX: CPU devices on request (host.py).
 from repdef_jax import host  # isort: skip
 host.configure_cpu_devices()
 

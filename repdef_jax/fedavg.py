@@ -474,7 +474,7 @@ def client_mesh(mesh: Union[jax.sharding.Mesh, str, None],
                 ) -> Optional[jax.sharding.Mesh]:
   """Resolves ``mesh='auto'``: on CPU, the clients over the host devices.
 
-  With several CPU devices in one process (one per core by default,
+  With several CPU devices in one process (on request, one per core,
   :mod:`repdef_jax.host`), 'auto' is a 'clients' mesh over
   ``min(devices, clients_per_round)`` of them, so the cores run clients in
   parallel (measured 1.2-1.8x per LeNet round on 2 cores, docs/scaling.md);

@@ -1,21 +1,22 @@
-"""One JAX CPU device per core, so independent work runs on all of them.
+"""Opt-in: one JAX CPU device per core, so independent work runs on all of them.
 
 XLA's CPU backend spreads one device's work over the cores poorly for the
 small convolutions of the paper's models; with one host device per core the
 clients of a FedAvg round (:func:`repdef_jax.fedavg.client_mesh`) and a
 batch of independent attacks (:func:`repdef_jax.attacks.base.
-over_devices`) are sharded over them (:func:`cpu_mesh`). Measured on a
-2-core CPU: docs/scaling.md. ``import repdef_jax`` applies this before JAX
-starts, unless
+over_devices`) are sharded over them (:func:`cpu_mesh`); measured on a
+2-core CPU in docs/scaling.md (LeNet rounds 1.2-1.8x, attack batches
+1.2-1.8x). Set ``REPDEF_JAX_CPU_DEVICES=n`` (n >= 2; ``0``: one per usable
+core) before ``import repdef_jax`` to turn it on; it applies unless JAX has
+started already or the CPU device count is set elsewhere (``XLA_FLAGS``
+with ``--xla_force_host_platform_device_count``, ``jax_num_cpu_devices``).
 
-* JAX has already started (then it cannot change: one device),
-* the CPU device count is set already (``XLA_FLAGS`` with
-  ``--xla_force_host_platform_device_count`` or ``jax_num_cpu_devices``),
-* ``REPDEF_JAX_CPU_DEVICES`` is set: that many devices (1 = one device, the
-  formulation of every run before this default; results differ from it by
-  float rounding only, docs/scaling.md).
-
-On a GPU/TPU host the extra CPU devices are unused.
+It is not the default: in one long run with 2 host devices (the adaptive
+experiment, after 5 cells) a single-device jitted program never completed,
+every XLA thread idle (docs/scaling.md). Until that hang is understood, one
+CPU device is the default. Results with several devices equal the one-device
+results to float rounding, not bit for bit. On a GPU/TPU host the extra CPU
+devices are unused.
 """
 
 from __future__ import annotations
@@ -36,36 +37,37 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def cpu_device_count() -> int:
-  """The CPU device count this module asks for (``REPDEF_JAX_CPU_DEVICES``
-  or the usable cores).
+def cpu_device_count() -> int | None:
+  """The CPU device count asked for by ``REPDEF_JAX_CPU_DEVICES`` (``0``:
+  the usable cores), or None when it is unset (one device, JAX's default).
 
   Raises:
-    ValueError: ``REPDEF_JAX_CPU_DEVICES`` is not a positive integer.
+    ValueError: ``REPDEF_JAX_CPU_DEVICES`` is not a non-negative integer.
   """
   value = os.environ.get(ENV, "").strip()
   if not value:
-    return usable_cores()
-  if not value.isdigit() or int(value) < 1:
-    raise ValueError(f"{ENV} must be a positive integer (1 = one CPU "
-                     f"device), got {value!r}.")
-  return int(value)
+    return None
+  if not value.isdigit():
+    raise ValueError(f"{ENV} must be a non-negative integer (0 = one CPU "
+                     f"device per core, 1 = one device), got {value!r}.")
+  return int(value) or usable_cores()
 
 
 def configure_cpu_devices() -> bool:
-  """Asks JAX for :func:`cpu_device_count` CPU devices if it still can.
+  """Asks JAX for :func:`cpu_device_count` CPU devices if set and possible.
 
   Returns:
-    Whether the setting was applied (False: JAX had started, or the count
-    was set elsewhere).
+    Whether the setting was applied (False: not asked for, JAX had started,
+    or the count was set elsewhere).
   """
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  count = cpu_device_count()
   flags = os.environ.get("XLA_FLAGS", "")
-  if (xla_bridge.backends_are_initialized()
+  if (count is None or xla_bridge.backends_are_initialized()
       or "xla_force_host_platform_device_count" in flags
       or jax.config.jax_num_cpu_devices != -1):
     return False
-  jax.config.update("jax_num_cpu_devices", cpu_device_count())
+  jax.config.update("jax_num_cpu_devices", count)
   return True
 
 

@@ -137,7 +137,7 @@ def run_batch(attack: str | Attack, model, params, shared_batch,
   equals ``get_attack(attack)(model, params, shared_batch[k], num_images,
   keys[k], labels=labels[k], ...)`` to float tolerance (DLG's L-BFGS can
   amplify such differences on an image it has not converged on). On a CPU
-  with several host devices (one per core, :mod:`repdef_jax.host`) the K
+  with several host devices (on request, :mod:`repdef_jax.host`) the K
   attacks are split over them and run in parallel
   (:func:`repdef_jax.attacks.base.over_devices`), unless progress
   (``progress_every``) is reported: then one device runs the batch and

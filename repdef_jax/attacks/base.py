@@ -215,7 +215,7 @@ def over_devices(core: Callable, model: models_lib.Model, params: Params,
 
   ``core`` runs independent attacks stacked on the leading axis of
   ``shared``, ``keys`` and ``labels`` and returns outputs with that axis.
-  With several CPU devices (one per core, :mod:`repdef_jax.host`) and no
+  With several CPU devices (on request, :mod:`repdef_jax.host`) and no
   ``progress`` reporting (it would report once per device), each device runs
   a share of the K attacks (K padded with copies of the last attack, whose
   results are dropped), in parallel; attack k gives the one-device result
