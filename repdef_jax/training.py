@@ -116,8 +116,9 @@ def default_config() -> ml_collections.ConfigDict:
   # matmuls beats XLA's CPU batched ones), all at once on GPU/TPU.
   c.client_chunk = -1
   # > 1: shard clients over a 'clients' mesh axis of that many devices; 0:
-  # all devices; 1: one device; -1 (auto): on CPU the host devices, one per
-  # core (fedavg.client_mesh), else one device. A multi-process run always
+  # all devices; 1: one device; -1 (auto): on CPU the host devices when
+  # there are several (REPDEF_JAX_CPU_DEVICES, fedavg.client_mesh), else
+  # one device. A multi-process run always
   # uses every process's devices.
   c.num_devices = -1
   # Multi-process runs (docs/scaling.md): "host:port" of process 0, the

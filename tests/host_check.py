@@ -52,14 +52,14 @@ def _attacks():
   keys = jax.random.split(jax.random.key(2), 3)
   run = lambda: attacks.run_batch("gs", model, params, shared, 1, keys,  # noqa: E731
                                   labels=y, iterations=20)
+  mesh = host.cpu_mesh(3, base.BATCH_AXIS)
   sharded = run()
-  mesh = host.cpu_mesh
-  base.host.cpu_mesh = lambda *a: None
+  cpu_mesh, base.host.cpu_mesh = host.cpu_mesh, lambda *a: None
   try:
     one = run()
   finally:
-    base.host.cpu_mesh = mesh
-  return {"mesh": None if mesh(3, "a") is None else mesh(3, "a").size,
+    base.host.cpu_mesh = cpu_mesh
+  return {"mesh": None if mesh is None else mesh.size,
           "x_rec": float(np.max(np.abs(np.asarray(sharded.x_rec) -
                                        np.asarray(one.x_rec))))}
 

@@ -124,12 +124,6 @@ def summarize(setting: dict[str, Any], cells: list[dict[str, Any]]
   init = [c["initial_loss"] for c in ok]
   final = [c["global_loss"][-1] for c in ok]
   rounds = ok[0]["round"] if ok else []
-  curve = np.asarray([c["global_loss"] for c in ok], np.float64)
-  band = [stats.mean_ci(curve[:, t]) for t in range(curve.shape[1])] if ok \
-      else []
-  acc = np.asarray([c["test_accuracy"] for c in ok], np.float64)
-  acc_band = ([stats.mean_ci(acc[:, t]) for t in range(acc.shape[1])] if ok
-              else [])
   return {**setting, "seeds": [c["seed"] for c in cells],
           "diverged_seeds": [c["seed"] for c in cells if c not in ok],
           "initial_loss": stats.mean_ci(init),
@@ -138,12 +132,21 @@ def summarize(setting: dict[str, Any], cells: list[dict[str, Any]]
           "final_accuracy": stats.mean_ci(
               [c["test_accuracy"][-1] for c in ok]),
           "round": rounds,
-          "global_loss_mean": [b["mean"] for b in band],
-          "global_loss_low": [b["low"] for b in band],
-          "global_loss_high": [b["high"] for b in band],
-          "test_accuracy_mean": [b["mean"] for b in acc_band],
-          "test_accuracy_low": [b["low"] for b in acc_band],
-          "test_accuracy_high": [b["high"] for b in acc_band]}
+          **_band(ok, "global_loss"), **_band(ok, "test_accuracy")}
+
+
+def _band(cells: list[dict[str, Any]], name: str) -> dict[str, list]:
+  """``{name}_mean / _low / _high``: per round, the mean of ``cell[name]``
+  over the cells and its 95 % interval."""
+  curves = np.asarray([c[name] for c in cells], np.float64)
+  band = ([stats.mean_ci(curves[:, t]) for t in range(curves.shape[1])]
+          if cells else [])
+  return {f"{name}_{k}": [b[k] for b in band] for k in ("mean", "low", "high")}
+
+
+def _nan(values: list) -> list:
+  """An interval bound per round, None (undefined) as NaN for plotting."""
+  return [np.nan if v is None else v for v in values]
 
 
 def claims(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -240,8 +243,7 @@ def plot(summaries: list[dict[str, Any]], base: ml_collections.ConfigDict,
     if not s["round"]:
       continue
     style = "--" if s["defense"] != "none" else "-"
-    low = [np.nan if v is None else v for v in s["global_loss_low"]]
-    high = [np.nan if v is None else v for v in s["global_loss_high"]]
+    low, high = _nan(s["global_loss_low"]), _nan(s["global_loss_high"])
     for ax, show, label in (
         (axes[0], s["clients_per_round"] == base.clients_per_round,
          f"I={s['local_steps']} {s['label']}"),
@@ -272,10 +274,8 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: str) -> None:
     if not s["round"]:
       continue
     # Accuracy lies in [0, 1]; a 3-seed t interval may not.
-    low = np.clip([np.nan if v is None else v
-                   for v in s["test_accuracy_low"]], 0, 1)
-    high = np.clip([np.nan if v is None else v
-                    for v in s["test_accuracy_high"]], 0, 1)
+    low = np.clip(_nan(s["test_accuracy_low"]), 0, 1)
+    high = np.clip(_nan(s["test_accuracy_high"]), 0, 1)
     line, = ax.plot(s["round"], s["test_accuracy_mean"],
                     "--" if s["defense"] != "none" else "-", label=s["name"])
     ax.fill_between(s["round"], low, high, color=line.get_color(), alpha=0.2)

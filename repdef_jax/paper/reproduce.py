@@ -56,15 +56,13 @@ def parse_seeds(seeds: Any) -> tuple[int, ...]:
     ValueError: not a comma-separated list of distinct non-negative ints.
   """
   items = seeds.split(",") if isinstance(seeds, str) else list(seeds or ())
-  try:
-    out = tuple(int(str(s).strip()) for s in items if str(s).strip())
-  except ValueError:
-    out = (-1,)
-  if any(s < 0 for s in out) or len(set(out)) != len(out):
+  items = [str(s).strip() for s in items if str(s).strip()]
+  if not all(s.isdigit() for s in items) or len(set(map(int, items))) != len(
+      items):
     raise ValueError(f"seeds must be distinct non-negative integers "
                      f"separated by commas (e.g. '100,101,102'), got "
                      f"{seeds!r}.")
-  return out
+  return tuple(int(s) for s in items)
 
 
 def part_args(part: str, preset: str, workdir: str,
