@@ -57,8 +57,11 @@ def test_uniform_init_is_in_range():
 
 @pytest.mark.parametrize("name,kwargs", [("lenet", {}), ("lenet5", {}),
                                          ("convnet64", {"width": 4})])
-@pytest.mark.parametrize("impl", ["patches", "s2d"])
+@pytest.mark.parametrize("impl", ["patches", "s2d", "dense", "jacobian"])
 def test_conv_formulations_equal_xla_conv(name, kwargs, impl):
+  if impl == "dense" and name == "convnet64":
+    pytest.skip("'dense' is for small layers; ConvNet's 32x32 ones take "
+                "minutes as matrices (LeNet and LeNet5 cover it)")
   m1 = models.get_model(name, (32, 32, 3), conv_impl="xla", **kwargs)
   m2 = m1.with_conv_impl(impl)
   params = m1.init(jax.random.key(0))
@@ -99,6 +102,9 @@ def test_bad_inputs_name_the_argument():
     models.get_model("lenet", conv_impl="fft")
   with pytest.raises(ValueError, match="input_shape"):
     models.get_model("lenet", (32, 32))
+  for shape in ("mnist", 28, (28, "a", 1)):
+    with pytest.raises(ValueError, match="input_shape must be"):
+      models.get_model("lenet", shape)
   with pytest.raises(ValueError, match="cannot take images"):
     models.get_model("convnet64", (4, 4, 3))
   model = models.get_model("lenet", (32, 32, 3))
@@ -180,6 +186,13 @@ def test_auto_conv_impl_resolves_per_backend():
   assert models.resolve_conv_impl("auto", "gpu") == "xla"
   assert models.resolve_conv_impl("auto", "tpu") == "xla"
   assert models.resolve_conv_impl("patches", "cpu") == "patches"
+  # 'jacobian': small stride-1 layers (LeNet's 7x7 / 8x8 ones) as matrices.
+  for layer, impl in [((7, 7, 5, 1), "dense"), ((8, 8, 5, 1), "dense"),
+                      ((8, 8, 5, 2), "s2d"), ((14, 14, 5, 1), "s2d"),
+                      ((10, 10, 3, 1), "s2d")]:
+    assert models.resolve_conv_impl("jacobian", "cpu", 12, layer) == impl
+  assert models.resolve_conv_impl("jacobian", "gpu", 12, (7, 7, 5, 1)) == "xla"
+  assert models.resolve_conv_impl("jacobian", "cpu", 1) == "patches"
   assert models.get_model("lenet").conv_impl == "auto"
   with pytest.raises(ValueError, match="conv_impl"):
     models.resolve_conv_impl("fft")

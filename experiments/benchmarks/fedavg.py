@@ -217,9 +217,9 @@ def local_step_seconds(model_name: str, input_shape: Sequence[int],
 
 def _soteria_chunk_seconds(model, params, x, repeats):
   """Soteria scores of one batch from one timed chunk, scaled to all F."""
-  jm = model.with_conv_impl("auto")
+  jm = model.with_conv_impl("jacobian")
   b, f = x.shape[0], model.num_features
-  c = max(1, min(f, 1536 // b))
+  c = soteria.auto_chunk(b, f)
   h = jm.bottom(params, x)
 
   def chunk(params, x, h):
