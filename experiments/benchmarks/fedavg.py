@@ -188,7 +188,8 @@ def local_step_seconds(model_name: str, input_shape: Sequence[int],
   Runs ``client_update`` for ``steps`` local steps (jitted, ``lax.scan``)
   and divides. For models whose full defended step would take minutes
   (ConvNet) the Soteria part is timed on one chunk of features and scaled
-  to all of them (``scaled`` in the result).
+  to all of them (``scaled`` in the result); models whose scores need no
+  pullback (``identity_bottom``, e.g. the leakage CNN) are timed whole.
   """
   model = models.get_model(model_name, input_shape, 10, **model_kwargs)
   params = model.init(jax.random.key(0))
@@ -198,7 +199,9 @@ def local_step_seconds(model_name: str, input_shape: Sequence[int],
   tk, nk = fedavg.client_keys(keys, 0, 0)
   f = model.num_features
   cost = batch * f * step_flops(model, 1, False)
-  scaled = defended and cost > 5e10
+  # Models whose scores need no pullback (identity bottom: one forward pass
+  # of the squared kernels) are always timed whole.
+  scaled = defended and cost > 5e10 and not model.identity_bottom
   defense = (soteria.soteria(model, 60.0) if defended and not scaled
              else None)
   config = fedavg.FedAvgConfig(clients_per_round=1, local_steps=steps,
