@@ -387,3 +387,14 @@ def test_defense_mask_identical_to_reference_rule(name, shape, kw, b):
   nonzero = np.asarray(grads["head"]["kernel"] != 0).any(axis=1)
   np.testing.assert_array_equal(kept, want & nonzero)
   assert nonzero.sum() > 0.5 * len(nonzero)  # The comparison says something.
+
+
+@pytest.mark.parametrize("batch,features", [(1, 588), (10, 588), (50, 588),
+                                            (10, 768), (1, 10), (8, 2304),
+                                            (1000, 30)])
+def test_auto_chunk_covers_features_in_equal_chunks(batch, features):
+  c = S.auto_chunk(batch, features)
+  n = -(-features // c)
+  assert 1 <= c <= features
+  assert n * c - features < n  # Padding below one row per chunk.
+  assert batch * c <= max(512, batch)  # About 512 pairs, at least 1 feature.

@@ -161,7 +161,8 @@ _PAIRS_PER_CHUNK = 512
 def auto_chunk(batch: int, num_features: int) -> int:
   """Features per chunk: about _PAIRS_PER_CHUNK pairs, chunks of equal size."""
   c = max(1, min(num_features, _PAIRS_PER_CHUNK // max(batch, 1)))
-  return -(-num_features // -(-num_features // c))
+  n = math.ceil(num_features / c)  # Chunks needed at that size...
+  return math.ceil(num_features / n)  # ...and the smallest equal size.
 
 
 def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
