@@ -36,9 +36,11 @@ Models (paper appendix B and the reference code):
 Convolutions: ``conv_impl`` 'auto' (the default: 's2d' on CPU, 'patches'
 for a one-channel image layer, 'xla' on GPU/TPU), 'xla', 'patches' (im2col),
 's2d' (space-to-depth, canonical layouts for every derivative), 'dense' (the
-layer's matrix, one matmul) or 'jacobian' ('auto', but 'dense' for small
-stride-1 layers on CPU; what the Soteria Jacobian's many pullbacks use);
-same parameters, same numbers (tested). Why and how fast: ``docs/design.md``
+layer's matrix, one matmul), 'jacobian' ('auto', but 'dense' for small
+stride-1 layers on CPU; what the Soteria Jacobian's many pullbacks use) or
+'second_order' ('patches' on CPU, else 'xla'; what the gradient-matching
+attacks use, which differentiate a gradient); same parameters, same numbers
+(tested). Why and how fast: ``docs/design.md``
 ("Convolutions") and ``docs/benchmarks``.
 """
 
@@ -56,7 +58,8 @@ import numpy as np
 
 Params = Any
 
-CONV_IMPLS = ("auto", "xla", "patches", "s2d", "dense", "jacobian")
+CONV_IMPLS = ("auto", "xla", "patches", "s2d", "dense", "jacobian",
+              "second_order")
 INITS = ("default", "uniform")
 
 
@@ -76,6 +79,13 @@ def _uniform_init(scale: float = 0.5):
 # training steps as fast; with 3 channels (CIFAR-10) 's2d' stays faster.
 PATCHES_MAX_CHANNELS = 1
 
+# 'second_order' is 'patches' on CPU: the gradient-matching attacks
+# differentiate a gradient (DLG, GS), and XLA's CPU backend runs the
+# resulting second-order convolutions of 's2d' and 'xla' slowly. Measured
+# on LeNet, 60 steps of a DLG-style objective in one loop, 8 attacks at once:
+# MNIST 0.585 s ('auto') / 0.429 s ('xla') / 0.187 s ('patches'), CIFAR-10
+# 1.02 / 0.70 / 0.27 s.
+
 # 'jacobian' on CPU runs a stride-1 layer as its dense matrix when the input
 # has at most this many kernel areas (H * W <= ratio * k * k): the matmul does
 # up to 3x the multiply-adds but runs 2-4x closer to peak than XLA's CPU
@@ -92,8 +102,9 @@ def resolve_conv_impl(conv_impl: str, backend: str | None = None,
   'auto' -> 'xla' on GPU/TPU; on CPU 's2d', or 'patches' for a layer with
   ``in_channels`` <= :data:`PATCHES_MAX_CHANNELS`. 'jacobian' -> as 'auto',
   except 'dense' on CPU for a stride-1 ``layer = (H, W, kernel, stride)``
-  with ``H * W <= DENSE_MAX_RATIO * kernel ** 2``. Any other value is
-  returned unchanged.
+  with ``H * W <= DENSE_MAX_RATIO * kernel ** 2``. 'second_order' ->
+  'patches' on CPU, 'xla' on GPU/TPU. Any other value is returned
+  unchanged.
 
   Raises:
     ValueError: ``conv_impl`` is not one of :data:`CONV_IMPLS`.
@@ -101,11 +112,13 @@ def resolve_conv_impl(conv_impl: str, backend: str | None = None,
   if conv_impl not in CONV_IMPLS:
     raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got "
                      f"{conv_impl!r}.")
-  if conv_impl not in ("auto", "jacobian"):
+  if conv_impl not in ("auto", "jacobian", "second_order"):
     return conv_impl
   backend = backend or jax.default_backend()
   if backend != "cpu":
     return "xla"
+  if conv_impl == "second_order":
+    return "patches"
   if conv_impl == "jacobian" and layer is not None:
     h, w, k, stride = layer
     if stride == 1 and h * w <= DENSE_MAX_RATIO * k * k:
@@ -675,7 +688,8 @@ def get_model(name: str,
     init: 'default' (flax initialisers) or 'uniform' (U(-0.5, 0.5) on every
       weight and bias, as DLG).
     conv_impl: 'auto' (default: 's2d' on CPU, 'xla' on GPU/TPU), 'xla',
-      'patches', 's2d', 'dense' or 'jacobian' (see the module docstring).
+      'patches', 's2d', 'dense', 'jacobian' or 'second_order' (see the
+      module docstring).
     **kwargs: extra module attributes (e.g. ``width`` for convnet64,
       ``hidden`` for mlp / lenet5).
 

@@ -57,7 +57,8 @@ def test_uniform_init_is_in_range():
 
 @pytest.mark.parametrize("name,kwargs", [("lenet", {}), ("lenet5", {}),
                                          ("convnet64", {"width": 4})])
-@pytest.mark.parametrize("impl", ["patches", "s2d", "dense", "jacobian"])
+@pytest.mark.parametrize("impl", ["patches", "s2d", "dense", "jacobian",
+                                  "second_order"])
 def test_conv_formulations_equal_xla_conv(name, kwargs, impl):
   if impl == "dense" and name == "convnet64":
     pytest.skip("'dense' is for small layers; ConvNet's 32x32 ones take "
@@ -193,6 +194,9 @@ def test_auto_conv_impl_resolves_per_backend():
     assert models.resolve_conv_impl("jacobian", "cpu", 12, layer) == impl
   assert models.resolve_conv_impl("jacobian", "gpu", 12, (7, 7, 5, 1)) == "xla"
   assert models.resolve_conv_impl("jacobian", "cpu", 1) == "patches"
+  # 'second_order' (the attacks): im2col on CPU, whatever the layer.
+  assert models.resolve_conv_impl("second_order", "cpu", 12) == "patches"
+  assert models.resolve_conv_impl("second_order", "gpu", 12) == "xla"
   assert models.get_model("lenet").conv_impl == "auto"
   with pytest.raises(ValueError, match="conv_impl"):
     models.resolve_conv_impl("fft")
