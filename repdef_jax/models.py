@@ -575,6 +575,12 @@ class Model:
     return dataclasses.replace(self, module=self.module.clone(
         conv_impl=conv_impl))
 
+  def with_default_conv_impl(self, conv_impl: str) -> "Model":
+    """``conv_impl`` in place of the default 'auto', for a program whose
+    workload has a faster formulation ('jacobian', 'second_order'); a
+    formulation the user chose stays."""
+    return self.with_conv_impl(conv_impl) if self.conv_impl == "auto" else self
+
   def init(self, rng: jax.Array) -> Params:
     """Initial parameters (the ``'params'`` collection)."""
     x = jnp.zeros((1, *self.input_shape), jnp.float32)
@@ -707,9 +713,8 @@ def get_model(name: str,
     raise ValueError(f"init must be one of {INITS}, got {init!r}.")
   resolve_conv_impl(conv_impl)  # Validates.
   try:
-    if isinstance(input_shape, str):
-      raise TypeError
-    shape = tuple(int(d) for d in input_shape)
+    shape = (() if isinstance(input_shape, str)
+             else tuple(int(d) for d in input_shape))
   except (TypeError, ValueError):
     shape = ()
   if len(shape) != 3 or min(shape) <= 0:

@@ -198,6 +198,11 @@ def test_auto_conv_impl_resolves_per_backend():
   assert models.resolve_conv_impl("second_order", "cpu", 12) == "patches"
   assert models.resolve_conv_impl("second_order", "gpu", 12) == "xla"
   assert models.get_model("lenet").conv_impl == "auto"
+  # A workload's formulation replaces only the default, never a user's.
+  lenet = models.get_model("lenet")
+  assert lenet.with_default_conv_impl("jacobian").conv_impl == "jacobian"
+  chosen = lenet.with_conv_impl("xla")
+  assert chosen.with_default_conv_impl("second_order") is chosen
   with pytest.raises(ValueError, match="conv_impl"):
     models.resolve_conv_impl("fft")
 

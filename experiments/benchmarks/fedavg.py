@@ -199,8 +199,6 @@ def local_step_seconds(model_name: str, input_shape: Sequence[int],
   tk, nk = fedavg.client_keys(keys, 0, 0)
   f = model.num_features
   cost = batch * f * step_flops(model, 1, False)
-  # Models whose scores need no pullback (identity bottom: one forward pass
-  # of the squared kernels) are always timed whole.
   scaled = defended and cost > 5e10 and not model.identity_bottom
   defense = (soteria.soteria(model, 60.0) if defended and not scaled
              else None)
@@ -220,7 +218,7 @@ def local_step_seconds(model_name: str, input_shape: Sequence[int],
 
 def _soteria_chunk_seconds(model, params, x, repeats):
   """Soteria scores of one batch from one timed chunk, scaled to all F."""
-  jm = model.with_conv_impl("jacobian")
+  jm = model.with_default_conv_impl("jacobian")  # As the defense runs it.
   b, f = x.shape[0], model.num_features
   c = soteria.auto_chunk(b, f)
   h = jm.bottom(params, x)

@@ -224,8 +224,8 @@ def over_devices(core: Callable, model: models_lib.Model, params: Params,
   (:mod:`repdef_jax.models`): same numbers to float rounding, 2-4x faster
   attacks on CPU.
   """
-  if getattr(model, "conv_impl", None) == "auto":  # Faster 2nd derivatives.
-    model = model.with_conv_impl("second_order")
+  if model is not None:  # Faster second derivatives.
+    model = model.with_default_conv_impl("second_order")
   k = keys.shape[0]
   mesh = None if progress else host.cpu_mesh(k, BATCH_AXIS)
   if mesh is None:

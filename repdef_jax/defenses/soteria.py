@@ -170,8 +170,7 @@ def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
                      ) -> tuple[jax.Array, jax.Array]:
   """``(r [B, F], out)``: out is ``[B, F]`` row norms or ``[B, F, D]`` rows."""
   model.check_input(x)
-  if model.conv_impl == "auto":  # Same numbers, faster pullbacks.
-    model = model.with_conv_impl("jacobian")
+  model = model.with_default_conv_impl("jacobian")  # Faster pullbacks.
   h = model.bottom(params, x)
   z = model.top_pre(params, h)
   post = lambda zz: model.top_post(params, zz)
