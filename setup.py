@@ -61,7 +61,7 @@ setuptools.setup(
         "repdef-reproduce = experiments.console:reproduce",
         "repdef-fedavg = experiments.console:fedavg",
         "repdef-benchmark = experiments.console:benchmark",
-        "repdef-data = repdef_jax.download:main",
+        "repdef-data = repdef_jax.data_cli:main",
     ]},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,

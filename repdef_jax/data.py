@@ -40,6 +40,7 @@ import zipfile
 
 import numpy as np
 
+from repdef_jax import download as download_lib
 from repdef_jax import storage
 
 logger = logging.getLogger(__name__)
@@ -452,13 +453,8 @@ def _missing_message(name: str, split: str, notes: list[str]) -> str:
       f"Fix: set {_DATA_DIR_ENV} (or pass data_dir / --data_dir) to a folder "
       f"of prepared TFDS datasets (<dir>/{name}/<version>/), or run "
       f"`repdef-data prepare {name}` where the network is reachable (a "
-      f"mirror: --mirror or {_download_module().MIRROR_ENV}); see "
+      f"mirror: --mirror or {download_lib.MIRROR_ENV}); see "
       "docs/data.md.")
-
-
-def _download_module():
-  from repdef_jax import download  # pylint: disable=g-import-not-at-top
-  return download
 
 
 def _env_flag(name: str) -> bool:
@@ -558,7 +554,7 @@ def _from_download(info: DatasetInfo, split: str, cache_dir: str,
       notes.append(f"no download in {cache_dir} and downloading is off ("
                    f"{OFFLINE_ENV}=1 or download=False)")
       return None
-    key = (info.name, _download_module().base_url(info.name))
+    key = (info.name, download_lib.base_url(info.name))
     if key not in _FAILED_DOWNLOADS:
       try:
         arrays = _download(info.name, cache_dir)
@@ -575,11 +571,10 @@ def _from_download(info: DatasetInfo, split: str, cache_dir: str,
 
 def _download(name: str, cache_dir: str, **kwargs) -> dict[str, Arrays]:
   """Fetches, verifies and decodes a dataset; caches its splits."""
-  download = _download_module()
   _say(f"downloading {name} from "
-       f"{download.base_url(name, kwargs.get('mirror'))} (set "
+       f"{download_lib.base_url(name, kwargs.get('mirror'))} (set "
        f"{OFFLINE_ENV}=1 to skip)")
-  splits = download.fetch_and_decode(name, log=_say, **kwargs)
+  splits = download_lib.fetch_and_decode(name, log=_say, **kwargs)
   for split, arrays in splits.items():
     _write_cache(_download_path(cache_dir, name, split), *arrays)
   _say(f"{name}: " + ", ".join(f"{s} {len(a[1])} images" for s, a in

@@ -623,8 +623,8 @@ CASES = [
          check=lambda p: _one_line_error(
              p, r"attack: error: No data for dataset 'cifar10' split 'test': "
              r"no prepared TFDS copy in .*Fix: set TFDS_DATA_DIR")),
-    Case("CLI repdef_jax.download prepare svhn",
-         lambda e: _cli("repdef_jax.download", "prepare", "svhn"), error=None,
+    Case("CLI repdef_jax.data_cli prepare svhn",
+         lambda e: _cli("repdef_jax.data_cli", "prepare", "svhn"), error=None,
          check=lambda p: _cli_error(p, r"invalid choice: 'svhn' \(choose "
                                     r"from 'cifar10', 'cifar100'")),
 ]

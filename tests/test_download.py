@@ -220,14 +220,14 @@ def test_cli_prepare(mirror, tmp_path):
   url, checksums, _ = mirror
   env = {**os.environ, data.QUIET_ENV: "1"}
   ok = subprocess.run(
-      [sys.executable, "-m", "repdef_jax.download", "prepare", "mnist",
+      [sys.executable, "-m", "repdef_jax.data_cli", "prepare", "mnist",
        f"--mirror={url}", f"--checksums={checksums}",
        f"--cache_dir={tmp_path}"], capture_output=True, text=True, env=env,
       timeout=120, check=False)
   assert ok.returncode == 0, ok.stderr
   assert "mnist: ready (test, train)" in ok.stdout
   bad = subprocess.run(
-      [sys.executable, "-m", "repdef_jax.download", "prepare", "cifar10",
+      [sys.executable, "-m", "repdef_jax.data_cli", "prepare", "cifar10",
        f"--mirror={url}", f"--cache_dir={tmp_path / 'bad'}"],
       capture_output=True, text=True, env=env, timeout=120, check=False)
   assert bad.returncode == 1

@@ -98,7 +98,7 @@ def _wheel_venv(tmp):
   for needed in ("repdef_jax/sample_data/cifar10.npz",
                  "repdef_jax/sample_data/mnist.npz",
                  "repdef_jax/sample_data/README.md",
-                 "repdef_jax/paper/main_job.py", "repdef_jax/download.py",
+                 "repdef_jax/paper/main_job.py", "repdef_jax/data_cli.py",
                  "experiments/configs/attack.py", "experiments/console.py"):
     assert needed in names, f"{needed} missing from the wheel"
   venv = tmp / "venv"

@@ -17,6 +17,7 @@ from repdef_jax import defenses  # noqa: E402
 from repdef_jax import models  # noqa: E402
 from repdef_jax.paper import cost  # noqa: E402
 from repdef_jax.paper import harness  # noqa: E402
+from repdef_jax.paper import sweep  # noqa: E402
 from repdef_jax.paper import tradeoff  # noqa: E402
 
 NUM_MOCK = 120
@@ -50,7 +51,7 @@ def test_tiny_end_to_end_and_resume(mock_env):
   assert [c["verdict"] for c in saved["claims"]]  # every claim decided
   cells = os.path.join(workdir, "cells")
   names = sorted(os.listdir(cells))
-  assert len(names) == len(tradeoff.plan(config)) == 6
+  assert len(names) == len(sweep.plan(config)) == 6
   # The utility is the mean of the last accuracy_window evaluations.
   with open(os.path.join(cells, "logreg_mnist_seed0_train_none_0_.json")) as f:
     cell = json.load(f)
@@ -71,7 +72,7 @@ def test_tiny_end_to_end_and_resume(mock_env):
   bigger.panels["mlp_mnist"] = tradeoff_cfg.get_config("tiny").panels[
       "logreg_mnist"]
   bigger.panels.mlp_mnist.model = "mlp"
-  cells = tradeoff.plan(bigger)
+  cells = sweep.plan(bigger)
   est = cost.estimate(bigger, cells, str(mock_env / "none"),
                       reference=os.path.join(workdir, "tradeoff.json"))
   assert est["cells"] == 12 and est["finished"] == 0 and not est["unknown"]
@@ -87,13 +88,13 @@ def test_tiny_end_to_end_and_resume(mock_env):
 
 def test_unit_costs_price_cells_no_finished_run_timed():
   config = tradeoff_cfg.get_config("tiny")
-  tc = tradeoff.panel_config(config, "logreg_mnist")
+  tc = sweep.panel_config(config, "logreg_mnist")
   unit = {"models": {"lr": {"name": "logreg", "kwargs": {}}},
           "fedavg_step": {"lr": {"mnist": {str(tc.batch_size): {
               "plain_s": 0.01, "soteria_s": 0.5}}}},
           "dlg_outer_step_s": {}, "gs_iteration_s": {"lr": 0.002},
           "dlg_inner_steps": 20}
-  cells = tradeoff.plan(config)
+  cells = sweep.plan(config)
   est = cost.estimate(config, cells, None, reference="", units=unit)
   steps = tc.rounds * tc.clients_per_round * tc.local_steps
   gs_its = config.attack_budgets.gs.iterations
@@ -125,7 +126,7 @@ def test_full_preset_dry_run_prints_the_plan(tmp_path, capsys):
   config = tradeoff_cfg.get_config("full")
   config.dry_run = True
   out = tradeoff.run(config, str(tmp_path))
-  assert out["dry_run"] and out["cells"] == len(tradeoff.plan(config))
+  assert out["dry_run"] and out["cells"] == len(sweep.plan(config))
   printed = capsys.readouterr().out
   assert f"planned cells: {out['cells']}" in printed
 

@@ -113,11 +113,11 @@ def preset_costs(unit: dict[str, Any],
   from experiments.configs import tradeoff as tradeoff_cfg  # pylint: disable=g-import-not-at-top
   from repdef_jax import storage  # pylint: disable=g-import-not-at-top
   from repdef_jax.paper import cost  # pylint: disable=g-import-not-at-top
-  from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
+  from repdef_jax.paper import sweep  # pylint: disable=g-import-not-at-top
   out = []
   for preset in presets:
     config = tradeoff_cfg.get_config(preset)
-    est = cost.estimate(config, tradeoff.plan(config), None, reference="",
+    est = cost.estimate(config, sweep.plan(config), None, reference="",
                         units=unit)
     measured = None
     if preset == "medium" and os.path.exists(MEASURED_MEDIUM):

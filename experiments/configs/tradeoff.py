@@ -31,15 +31,14 @@ the measured unit costs of docs/benchmarks/benchmarks.json
 import ml_collections
 
 from repdef_jax.paper import settings
-from repdef_jax.paper import tradeoff
+from repdef_jax.paper import sweep
 
-DLG_SUITE, GS_SUITE, _panel = (tradeoff.DLG_SUITE, tradeoff.GS_SUITE,
-                               tradeoff.panel)
+DLG_SUITE, _panel = sweep.DLG_SUITE, sweep.panel
 
 
 def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
   """'quick', 'medium', 'full' or 'tiny'."""
-  c = tradeoff.default_config()
+  c = sweep.default_config()
   if preset == "medium":
     # What decides on a 2-core CPU in a few hours: the paper's MNIST split
     # and FedAvg (100 devices x 2 classes x 100, 10 per round, 5 local steps of

@@ -44,6 +44,7 @@ from repdef_jax import training
 from repdef_jax.paper import batched
 from repdef_jax.paper import harness
 from repdef_jax.paper import stats
+from repdef_jax.paper import sweep
 
 RESULT_FILE = "adaptive.json"
 PLOT_FILE = "adaptive.png"
@@ -63,18 +64,9 @@ def suite(family: str) -> tuple[str, str, str]:
 def panel_train_config(config: ml_collections.ConfigDict, name: str,
                        seed: int) -> ml_collections.ConfigDict:
   """The undefended FedAvg run that gives a panel's 'trained' stage."""
-  spec = config.panels[name]
-  c = training.default_config()
-  c.update(config.train.to_dict())
-  c.update(spec.get("train", ml_collections.ConfigDict()).to_dict())
-  c.dataset = spec.dataset
-  c.model = spec.model
-  c.model_init = spec.model_init
-  c.model_kwargs = spec.get("model_kwargs", ml_collections.ConfigDict())
+  c = sweep.panel_config(config, name)
   c.defense = "none"
   c.seed = int(seed)
-  c.data_dir = config.data_dir
-  c.plot = False
   return c
 
 

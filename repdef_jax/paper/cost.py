@@ -29,6 +29,7 @@ import numpy as np
 from repdef_jax import data as data_lib
 from repdef_jax import models as models_lib
 from repdef_jax import storage
+from repdef_jax.paper import sweep
 
 
 def key(model: str, kwargs: dict[str, Any], dataset: str) -> str:
@@ -75,9 +76,8 @@ def _suite(config, cell: dict[str, Any]) -> tuple[Sequence[str], int]:
 
 def work(config, cell: dict[str, Any]) -> float:
   """The units of work of a planned cell (see the module docstring)."""
-  from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
   if cell["kind"] == "train":
-    tc = tradeoff.panel_config(config, cell["panel"])
+    tc = sweep.panel_config(config, cell["panel"])
     return float(tc.rounds * tc.clients_per_round * tc.local_steps *
                  tc.batch_size)
   attacks, images = _suite(config, cell)
@@ -144,12 +144,11 @@ def gpu_seconds(config, cell: dict[str, Any]) -> float:
 
   Attack images run as one batch (:mod:`repdef_jax.paper.batched`).
   """
-  from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
   key_ = model_key(config, cell["panel"])
   fwd, features = _forward_flops(key_), _num_features(key_)
   unit = lambda forwards: max(forwards * fwd / GPU_FLOPS, GPU_STEP_FLOOR_S)
   if cell["kind"] == "train":
-    tc = tradeoff.panel_config(config, cell["panel"])
+    tc = sweep.panel_config(config, cell["panel"])
     b = tc.batch_size
     per_step = _FORWARDS["train"] * b
     if family(cell["defense"]) == "soteria":
@@ -170,7 +169,6 @@ def unit_seconds(config, cell: dict[str, Any],
     unit: ``unit_costs`` of a benchmark report
       (:func:`experiments.benchmarks.costs.unit_costs`) or None.
   """
-  from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
   if not unit:
     return None
   spec = config.panels[cell["panel"]]
@@ -181,7 +179,7 @@ def unit_seconds(config, cell: dict[str, Any],
     return None
   name = names[0]
   if cell["kind"] == "train":
-    tc = tradeoff.panel_config(config, cell["panel"])
+    tc = sweep.panel_config(config, cell["panel"])
     per_batch = unit.get("fedavg_step", {}).get(name, {}).get(spec.dataset,
                                                               {})
     # Batch keys are ints as measured, strings once read back from JSON.
@@ -218,7 +216,7 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
 
   Args:
     config: the trade-off config.
-    cells: the plan (:func:`repdef_jax.paper.tradeoff.plan`).
+    cells: the plan (:func:`repdef_jax.paper.sweep.plan`).
     workdir: the run's folder (finished cells there cost nothing more and
       give rates); None for a plan with nothing run.
     reference: a ``tradeoff.json`` whose ``cell_costs`` give rates (default:
@@ -234,11 +232,10 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
     unit costs; models whose rates were scaled by FLOPs; models with no rate
     at all.
   """
-  from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
   finished = []
   for cell in cells if workdir else ():
     r = storage.read_json(os.path.join(workdir, "cells",
-                                       f"{tradeoff.cell_name(cell)}.json"))
+                                       f"{sweep.cell_name(cell)}.json"))
     if r is not None:
       finished.append((cell, r))
   costs = cell_costs(config, finished)
@@ -253,12 +250,12 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
   if isinstance(units, str):
     unit = ((storage.read_json(units) or {}).get("unit_costs")
             if units else None)
-  done = {tradeoff.cell_name(c) for c, _ in finished}
+  done = {sweep.cell_name(c) for c, _ in finished}
 
   total, gpu_total, by_kind, by_model = 0.0, 0.0, {}, {}
   from_units, extrapolated, unknown = set(), set(), set()
   for cell in cells:
-    if tradeoff.cell_name(cell) in done:
+    if sweep.cell_name(cell) in done:
       continue
     gpu_total += gpu_seconds(config, cell)
     key = (model_key(config, cell["panel"]), cell["kind"],

@@ -152,8 +152,9 @@ def federated_tradeoff(workdir: str, *, rounds: int = 10,
   Returns:
     The trade-off result dict (see :mod:`repdef_jax.paper.tradeoff`).
   """
+  from repdef_jax.paper import sweep  # pylint: disable=g-import-not-at-top
   from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
-  c = tradeoff.default_config()
+  c = sweep.default_config()
   c.seeds = (0,)
   attacks = (attack, f"{attack}_mask")
   train = dict(rounds=min(rounds, 2)) if tiny else dict(
@@ -161,7 +162,7 @@ def federated_tradeoff(workdir: str, *, rounds: int = 10,
       clients_per_round=max(1, num_clients // 2), client_lr=0.05,
       max_train_examples=5000, max_test_examples=1000, log_every=1)
   c.panels = ml_collections.ConfigDict({
-      "notebook": tradeoff.panel("mnist", "logreg" if tiny else model,
+      "notebook": sweep.panel("mnist", "logreg" if tiny else model,
                                  attacks, **train)})
   sweep = {"soteria": tuple(soteria), "compression": tuple(compression),
            "dp_gaussian": tuple(dp_gaussian)}

@@ -41,144 +41,13 @@ from repdef_jax.paper import cost
 from repdef_jax.paper import equal_accuracy
 from repdef_jax.paper import harness
 from repdef_jax.paper import report as report_lib
-from repdef_jax.paper import settings
 from repdef_jax.paper import stats
+from repdef_jax.paper import sweep
 
 BASELINES = ("compression", "dp_gaussian", "dp_laplace")
 RESULT_FILE = "tradeoff.json"
 PLOT_FILE = "tradeoff.png"
-STAGES = ("first", "mid", "final")
 PRIVACY_METRICS = ("mse_clamped", "mse", "ssim", "psnr")
-
-
-# --------------------------------------------------------------------------
-# Configs and the plan: which cells a config asks for.
-
-DLG_SUITE = ("dlg", "idlg", "gs", "dlg_mask", "gs_mask", "dlg_drop",
-             "gs_drop")
-GS_SUITE = ("gs", "idlg", "gs_mask", "gs_drop")
-
-
-def panel(dataset: str, model: str, attacks: Sequence[str],
-          model_init: str = "default", model_kwargs: dict | None = None,
-          **train: Any) -> ml_collections.ConfigDict:
-  """A panel: model x dataset, its attack suite and training overrides."""
-  return ml_collections.ConfigDict(dict(
-      dataset=dataset, model=model, model_init=model_init,
-      model_kwargs=ml_collections.ConfigDict(model_kwargs or {}),
-      attacks=tuple(attacks), train=ml_collections.ConfigDict(train)))
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """The paper-scale trade-off (the ``full`` preset); presets edit it."""
-  c = ml_collections.ConfigDict()
-  c.dry_run = False
-  # Earlier tradeoff.json whose cell timings give the dry run's rates.
-  c.cost_reference = "docs/results/tradeoff/tradeoff.json"
-  # Measured unit costs (python -m experiments.benchmark --parts=unit_costs)
-  # price the models that no finished cell has timed.
-  c.unit_costs_reference = "docs/benchmarks/benchmarks.json"
-  c.data_dir = ""
-  c.seeds = (0, 1, 2)
-  # The paper's models (labelled): DLG's LeNet, GS's ConvNet (narrower in
-  # medium), and the defense-favourable leakage CNN.
-  c.panels = ml_collections.ConfigDict({
-      # LeNet learns with DLG's U(-0.5, 0.5) init at lr 0.1 (measured: 0.86
-      # at 200 rounds on the paper's MNIST split; the default init stays at
-      # chance for 40 rounds at every lr tried).
-      "lenet_mnist": panel("mnist", "lenet", DLG_SUITE, model_init="uniform",
-                           client_lr=0.1),
-      "lenet_cifar10": panel("cifar10", "lenet", DLG_SUITE,
-                             model_init="uniform", client_lr=0.1,
-                             rounds=1000),
-      "convnet_cifar10": panel("cifar10", "convnet64", GS_SUITE,
-                               client_lr=0.05, rounds=1000),
-      "convnet_mnist": panel("mnist", "convnet64", GS_SUITE, client_lr=0.05),
-      "leakage_mnist": panel("mnist", "leakage", DLG_SUITE, client_lr=0.05),
-  })
-  c.defenses = ml_collections.ConfigDict({
-      "soteria": (10., 20., 30., 40., 50., 60., 70., 80., 90., 95., 99.),
-      "compression": (10., 20., 30., 40., 50., 60., 70., 80., 90., 95., 99.),
-      "dp_gaussian": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
-      "dp_laplace": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
-  })
-  c.num_images = 8
-  # Attack config overrides per family (see repdef_jax.attacks DLGConfig /
-  # GSConfig); the paper's budgets in full.
-  c.attack_budgets = ml_collections.ConfigDict({
-      "dlg": {"outer_steps": 300, "inner_steps": 20},
-      "gs": {"iterations": 24000, "restarts": 2},
-  })
-  c.give_labels = True
-  c.train = settings.federated_setting("paper", log_every=5,
-                                       max_test_examples=2000)
-  c.accuracy_window = 5  # evaluations (every log_every rounds)
-  c.update_attack = ml_collections.ConfigDict(dict(
-      cells=ml_collections.ConfigDict({"none": (0.0,),
-                                       "soteria": (40.0, 80.0),
-                                       "compression": (90.0,),
-                                       "dp_gaussian": (1e-2,)}),
-      stages=("first", "mid", "final"), batch=4, local_steps=5,
-      attacks=("gs", "gs_mask", "gs_drop", "dlg")))
-  c.thresholds = (0.1, 0.2, 0.3)  # sensitivity of the verdicts
-  c.threshold = 0.2  # SSIM at or below which an image is unrecognisable
-  c.success_ssim = 0.6
-  return c
-
-
-def strengths(config: ml_collections.ConfigDict) -> list[tuple[str, float]]:
-  """``[(defense, strength)]``: the undefended cell, then every sweep point."""
-  out = [("none", 0.0)]
-  for name, values in config.defenses.items():
-    out += [(name, float(s)) for s in values]
-  return out
-
-
-def update_strengths(config: ml_collections.ConfigDict
-                     ) -> list[tuple[str, float]]:
-  """The (defense, strength) cells whose real updates are attacked."""
-  return [(d, float(s)) for d, values in config.update_attack.cells.items()
-          for s in values]
-
-
-def panel_config(config: ml_collections.ConfigDict,
-                 name: str) -> ml_collections.ConfigDict:
-  """The training block of a panel: the shared ``train`` with its overrides."""
-  panel = config.panels[name]
-  c = training.default_config()
-  c.update(config.train.to_dict())
-  c.update(panel.get("train", ml_collections.ConfigDict()).to_dict())
-  c.dataset = panel.dataset
-  c.model = panel.model
-  c.model_init = panel.model_init
-  c.model_kwargs = panel.get("model_kwargs", ml_collections.ConfigDict())
-  c.data_dir = config.data_dir
-  c.plot = False
-  return c
-
-
-def plan(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
-  """Every cell of the run, in execution order (for progress and dry runs)."""
-  cells = []
-  upd = set(update_strengths(config))
-  for panel in config.panels:
-    for seed in config.seeds:
-      for defense, strength in strengths(config):
-        base = {"panel": panel, "seed": int(seed), "defense": defense,
-                "strength": strength}
-        cells.append({**base, "kind": "train"})
-        cells.append({**base, "kind": "attack"})
-        if (defense, strength) in upd:
-          cells += [{**base, "kind": "update", "stage": st}
-                    for st in config.update_attack.stages]
-  return cells
-
-
-def cell_name(cell: dict[str, Any]) -> str:
-  """The file-system name of a planned cell."""
-  return harness.cell_name(cell["panel"], f"seed{cell['seed']}", cell["kind"],
-                           cell["defense"], cell["strength"],
-                           cell.get("stage", ""))
 
 
 # --------------------------------------------------------------------------
@@ -200,7 +69,7 @@ class _Panel:
                seed: int):
     self.name, self.seed = name, seed
     spec = config.panels[name]
-    self.train_config = panel_config(config, name)
+    self.train_config = sweep.panel_config(config, name)
     self.train_config.seed = seed
     info = data_lib.get_info(spec.dataset)
     self.model = models_lib.get_model(
@@ -346,9 +215,9 @@ def update_cell(config, panel: _Panel, defense: str, strength: float,
 def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
   """Runs (or reads) every planned cell; yields ``(cell, result)``."""
   store = harness.CellStore(os.path.join(workdir, "cells"))
-  cells = plan(config)
+  cells = sweep.plan(config)
   progress = harness.Progress(len(cells), "tradeoff")
-  upd = set(update_strengths(config))
+  upd = set(sweep.update_strengths(config))
   panels: dict[tuple[str, int], _Panel] = {}
   for cell in cells:
     key = (cell["panel"], cell["seed"])
@@ -367,7 +236,7 @@ def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
     else:
       fn = functools.partial(update_cell, config, panel, d, s, cell["stage"],
                              run_dir)
-    yield cell, store.get_or_run(cell_name(cell), fn, progress)
+    yield cell, store.get_or_run(sweep.cell_name(cell), fn, progress)
 
 
 # --------------------------------------------------------------------------
@@ -528,7 +397,7 @@ def analyse(config, cells: list[tuple[dict, dict]]) -> dict[str, Any]:
   for name in config.panels:
     attacks = tuple(config.panels[name].attacks)
     points, updates = {}, {}
-    for d, s in strengths(config):
+    for d, s in sweep.strengths(config):
       mine = [(c, r) for c, r in cells if c["panel"] == name
               and c["defense"] == d and c["strength"] == s]
       train = [r for c, r in mine if c["kind"] == "train"]
@@ -650,7 +519,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 def dry_run(config: ml_collections.ConfigDict, workdir: str
             ) -> dict[str, Any]:
   """The plan and its estimated cost, without running anything."""
-  cells = plan(config)
+  cells = sweep.plan(config)
   estimate = cost.estimate(config, cells, workdir)
   print(cost.render(estimate))
   return {"dry_run": True, "cells": len(cells), "estimate": estimate,
