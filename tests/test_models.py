@@ -77,6 +77,25 @@ def test_conv_formulations_equal_xla_conv(name, kwargs, impl):
       f(m1), f(m2))
 
 
+@pytest.mark.parametrize("h,w,k,stride,padding", [
+    (9, 7, 3, 2, 1), (10, 11, 5, 3, 2), (8, 8, 5, 2, 0), (6, 5, 3, 1, 1)])
+def test_patches_conv_equals_xla_conv_on_odd_shapes(h, w, k, stride, padding):
+  # The phase-plane slicing of _patches at sizes that the stride does not
+  # divide, value and input gradient.
+  x = jax.random.normal(jax.random.key(0), (2, h, w, 3))
+  kernel = jax.random.normal(jax.random.key(1), (k, k, 3, 4))
+  ref = lambda x: jax.lax.conv_general_dilated(
+      x, kernel, (stride, stride), [(padding, padding)] * 2,
+      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  ours = lambda x: jnp.einsum("nhwk,ko->nhwo",
+                              models._patches(x, k, stride, padding),
+                              kernel.reshape(-1, 4))
+  np.testing.assert_allclose(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+  g = jax.random.normal(jax.random.key(2), ref(x).shape)
+  np.testing.assert_allclose(jax.vjp(ours, x)[1](g)[0],
+                             jax.vjp(ref, x)[1](g)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_examples_are_independent():
   model = models.get_model("convnet64", (32, 32, 3), width=8)
   params = model.init(jax.random.key(0))
