@@ -142,14 +142,14 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
                                  clients=s["defended_clients"],
                                  per_client=s["per_client"],
                                  defense_percent=60.0)
-      ours, peer, note = _pair(bench, lambda: fedavg.torch_round(bench), 1,
-                               has_torch, warmup=False)
+      ours, peer, note = _pair(bench, lambda: fedavg.torch_round(bench),
+                               reps, has_torch, warmup=False)
       add(_row("fedavg", "defended round (Soteria 60 % every step)",
                f"LeNet {sname}, {bench.note}", ours, tname, peer, 3.0,
                bench.flops, peak, note))
     for label, percent in (("plain", None), ("Soteria 60 % every step", 60.0)):
       res = fedavg.paper_rounds(PAPER_ROUNDS, percent, with_torch=has_torch,
-                                repeats=min(reps, 2), **s["paper"])
+                                repeats=reps, **s["paper"])
       paper.append({"setting": label, "defended": percent is not None,
                     "gpu": GPU_NOTE if jax.default_backend() == "cpu"
                            else "the measured column is this GPU", **res})

@@ -137,7 +137,7 @@ PAPER_MNIST = dict(input_shape=(28, 28, 1), clients=10, local_steps=5,
 def paper_rounds(num_rounds: int = 200, defense_percent: float | None = 60.0,
                  clients: int = 10, local_steps: int = 5,
                  input_shape: Sequence[int] = (28, 28, 1),
-                 with_torch: bool = False, repeats: int = 2
+                 with_torch: bool = False, repeats: int = 3
                  ) -> dict[str, object]:
   """Seconds of ``num_rounds`` rounds of the paper's MNIST setting (estimate).
 
@@ -158,7 +158,7 @@ def paper_rounds(num_rounds: int = 200, defense_percent: float | None = 60.0,
                       per_client=200, defense_percent=defense_percent,
                       local_steps=local_steps)
   if with_torch:
-    res, peer = timing.compare(bench, torch_round(bench), 1,
+    res, peer = timing.compare(bench, torch_round(bench), repeats,
                                peer_warmup=False)
   else:
     res, peer = timing.measure(bench, repeats=repeats), None
