@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
   sample.add_argument("--data_dir", required=True,
                       help="folder of prepared TFDS datasets")
   sample.add_argument("--out_dir", default=os.path.join(
-      os.path.dirname(os.path.abspath(download.__file__)), "sample_data"))
+      os.path.dirname(os.path.abspath(__file__)), "sample_data"))
   args = parser.parse_args(argv)
 
   if args.command == "sample":

@@ -163,12 +163,12 @@ def federated_tradeoff(workdir: str, *, rounds: int = 10,
       max_train_examples=5000, max_test_examples=1000, log_every=1)
   c.panels = ml_collections.ConfigDict({
       "notebook": sweep.panel("mnist", "logreg" if tiny else model,
-                                 attacks, **train)})
-  sweep = {"soteria": tuple(soteria), "compression": tuple(compression),
-           "dp_gaussian": tuple(dp_gaussian)}
+                              attacks, **train)})
+  strengths = {"soteria": tuple(soteria), "compression": tuple(compression),
+               "dp_gaussian": tuple(dp_gaussian)}
   if tiny:  # one point per defense, no DP: the fewest compilations
-    sweep = {"soteria": (50.0,), "compression": (50.0,)}
-  c.defenses = ml_collections.ConfigDict(sweep)
+    strengths = {"soteria": (50.0,), "compression": (50.0,)}
+  c.defenses = ml_collections.ConfigDict(strengths)
   c.num_images = num_images
   c.attack_budgets = ml_collections.ConfigDict({
       "dlg": {"outer_steps": attack_iterations},
