@@ -24,6 +24,7 @@ from experiments.configs import visual as visual_cfg  # noqa: E402
 from repdef_jax.paper import adaptive  # noqa: E402
 from repdef_jax.paper import convergence  # noqa: E402
 from repdef_jax.paper import report  # noqa: E402
+from repdef_jax.paper import reproduce  # noqa: E402
 from repdef_jax.paper import theorem1  # noqa: E402
 from repdef_jax import training  # noqa: E402
 from repdef_jax.paper import settings  # noqa: E402
@@ -193,6 +194,24 @@ def test_reproduce_entry_point_one_part(tmp_path):
   assert sum(counts.values()) == len(claims) > 0
   assert "[reproduce] replication:" in stdout
   assert "seeds [7] (reference" in (replica / "REPLICATION.md").read_text()
+
+
+def test_reproduce_reruns_a_part_whose_config_changed(tmp_path, monkeypatch):
+  root = tmp_path / "root"
+  config = root / "experiments" / "configs" / "convergence.py"
+  config.parent.mkdir(parents=True)
+  config.write_text("RATE = 1\n")
+  monkeypatch.setattr(reproduce, "ROOT", str(root))
+  calls = []
+  monkeypatch.setattr(reproduce.subprocess, "call",
+                      lambda cmd, cwd: calls.append(cmd) or 0)
+  workdir = str(tmp_path / "work")
+  for _ in range(2):  # The second run finds the part done.
+    runs = reproduce.run_parts("tiny", workdir, None, ["convergence"])
+  assert len(calls) == 1 and runs["convergence"]["status"] == "done (reused)"
+  config.write_text("RATE = 2\n")
+  runs = reproduce.run_parts("tiny", workdir, None, ["convergence"])
+  assert len(calls) == 2 and runs["convergence"]["status"] == "done"
 
 
 @pytest.mark.slow

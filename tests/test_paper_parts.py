@@ -164,6 +164,27 @@ def test_adaptive_analyse_pairs_each_attack_with_its_undefended_run():
   assert row["value"] == 0.0 and row["verdict"] == "reported"
 
 
+def test_adaptive_panel_overrides_stages_and_budgets():
+  """A panel's own stages and budgets apply to it alone."""
+  config = ml_collections.ConfigDict(dict(
+      seeds=(0,), stages=("init", "trained"),
+      variants={"reference": (40.0, 80.0)},
+      attack_budgets={"dlg": {"outer_steps": 30, "inner_steps": 20},
+                      "gs": {"iterations": 500, "restarts": 1}},
+      panels={"a": ml_collections.ConfigDict(dict(family="gs")),
+              "b": ml_collections.ConfigDict(dict(
+                  family="gs", stages=("init",),
+                  attack_budgets={"gs": {"iterations": 2000}}))}))
+  stages = {p: sorted({c["stage"] for c in adaptive.plan(config)
+                       if c["panel"] == p}) for p in ("a", "b")}
+  assert stages == {"a": ["init", "trained"], "b": ["init"]}
+  assert len(adaptive.plan(config)) == 3 * 3
+  assert adaptive.panel_budgets(config, "a") == config.attack_budgets.to_dict()
+  b = adaptive.panel_budgets(config, "b")
+  assert b["gs"] == {"iterations": 2000, "restarts": 1}
+  assert b["dlg"] == {"outer_steps": 30, "inner_steps": 20}
+
+
 # --------------------------------------------------------------------------
 # Visual comparison and convergence.
 

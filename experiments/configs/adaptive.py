@@ -16,22 +16,26 @@ over images x seeds, the undefended success rate and the verdict: holds /
 fails / inconclusive / n/a, docs/evaluation.md) and ``adaptive.png``.
 
 Panels: the paper's models, DLG's LeNet (uniform init, DLG family) and GS's
-ConvNet (GS family; width 16 in ``full`` only: on the shared 2-core CPU one
-GS run of 200 iterations on 4 CIFAR-10 images took over 15 minutes), the
-leakage CNN (the defense-favourable case: its only other gradient is the
-conv's) and LeNet5 (ReLU features, where 'count' and 'percentile' differ, and
-two unprotected FC layers before the defended one).
+ConvNet (GS family; width 64 on CIFAR-10 in ``full``; ``medium`` attacks a
+width-16 ConvNet on MNIST at initialisation only, because on the shared
+2-core CPU GS 2,000 does not reconstruct undefended CIFAR-10 images of it
+(SSIM 0.15-0.20) and on MNIST reaches SSIM ~0.5-0.7 at 1,000 iterations, a
+minute or two per attack), the leakage CNN (the defense-favourable case:
+its only other gradient is the conv's) and LeNet5 (ReLU features, where
+'count' and 'percentile' differ, and two unprotected FC layers before the
+defended one).
 
 Presets: ``quick`` (CI smoke run: leakage only, 1 seed, 2 images, rate 80,
 init; measured 2.3 min wall / 0.8 min CPU on the shared, heavily loaded
-2-core machine), ``medium`` (leakage, LeNet5 and LeNet on MNIST; 3 seeds x
-3 images per seed = 9 images per point (the cells are many); Soteria's
-reference rule at 40 / 80 %, the exact score at 80 % (selection='count' in
-full only); init and trained (30 / 30 / 60 rounds: partly
-trained, about 50 % test accuracy); estimated ~15-18 min idle from the
-quick run's CPU time), ``full`` (+ ConvNet width 64 on CIFAR-10, every
-variant at rates 20-90, 5 seeds x 8 images, 150-1000 rounds, the paper's
-budgets), ``tiny`` (tests).
+2-core machine), ``medium`` (leakage, LeNet5, LeNet and ConvNet16 on MNIST;
+3 seeds x 3 images per seed = 9 images per point (the cells are many);
+Soteria's reference rule at 40 / 80 %, the exact score at 80 %
+(selection='count' in full only); init and trained (30 / 30 / 60 rounds:
+partly trained, about 50 % test accuracy), ConvNet16 at init only with GS
+1,000; ~15-18 min idle without ConvNet16, which adds about an hour),
+``full`` (+ ConvNet width 64 on CIFAR-10 instead of ConvNet16, every variant
+at rates 20-90, 5 seeds x 8 images, 150-1000 rounds, the paper's budgets),
+``tiny`` (tests).
 """
 
 import ml_collections
@@ -40,11 +44,18 @@ from repdef_jax.paper import settings
 
 
 def _panel(dataset, model, family, model_init="default", model_kwargs=None,
-           **train):
-  return ml_collections.ConfigDict(dict(
-      dataset=dataset, model=model, family=family, model_init=model_init,
-      model_kwargs=ml_collections.ConfigDict(model_kwargs or {}),
-      train=ml_collections.ConfigDict(train)))
+           stages=None, attack_budgets=None, **train):
+  """A panel; ``stages`` / ``attack_budgets`` (per family, merged over the
+  config's) override the config's for this panel only."""
+  spec = dict(dataset=dataset, model=model, family=family,
+              model_init=model_init,
+              model_kwargs=ml_collections.ConfigDict(model_kwargs or {}),
+              train=ml_collections.ConfigDict(train))
+  if stages:
+    spec["stages"] = tuple(stages)
+  if attack_budgets:
+    spec["attack_budgets"] = ml_collections.ConfigDict(attack_budgets)
+  return ml_collections.ConfigDict(spec)
 
 
 def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
@@ -65,6 +76,14 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
                              rounds=30),
       "lenet_mnist": _panel("mnist", "lenet", "dlg", model_init="uniform",
                             client_lr=0.1, rounds=60),
+      # GS's ConvNet, narrower: width 16, MNIST, the initial model only.
+      # Probe on seed 0's 3 undefended images (2-core CPU, ~1-2 min per
+      # attack): GS 1,000 SSIM 0.69 / 0.66 / 0.20; GS 2,000 0.74 / 0.51 /
+      # 0.43; 1,000 x 2 restarts 0.73 / 0.49 / 0.27; on CIFAR-10 GS 2,000
+      # 0.16 / 0.20 / 0.15 (fails undefended: measures nothing).
+      "convnet16_mnist": _panel("mnist", "convnet64", "gs",
+                                model_kwargs={"width": 16}, stages=("init",),
+                                attack_budgets={"gs": {"iterations": 1000}}),
   })
   c.stages = ("init", "trained")
   # Soteria variant -> pruning rates (percent).
@@ -90,6 +109,7 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
     c.panels.lenet_mnist.train.rounds = 200
     c.panels.leakage_mnist.train.rounds = 150
     c.panels.lenet5_mnist.train.rounds = 200
+    del c.panels["convnet16_mnist"]
     c.panels.convnet_cifar10 = _panel("cifar10", "convnet64", "gs",
                                       client_lr=0.05, rounds=1000)
     c.attack_budgets = ml_collections.ConfigDict({

@@ -61,6 +61,23 @@ def suite(family: str) -> tuple[str, str, str]:
   return (family, f"{family}_drop", f"{family}_mask")
 
 
+def panel_stages(config: ml_collections.ConfigDict, name: str
+                 ) -> tuple[str, ...]:
+  """A panel's training stages: its own ``stages`` or the config's."""
+  return tuple(config.panels[name].get("stages", None) or config.stages)
+
+
+def panel_budgets(config: ml_collections.ConfigDict, name: str
+                  ) -> dict[str, dict]:
+  """Attack budgets per family: the config's, updated by the panel's own
+  ``attack_budgets`` (e.g. a longer GS for a harder model)."""
+  budgets = config.attack_budgets.to_dict()
+  own = config.panels[name].get("attack_budgets", None)
+  for family, b in (own.to_dict() if own else {}).items():
+    budgets[family] = {**budgets.get(family, {}), **b}
+  return budgets
+
+
 def panel_train_config(config: ml_collections.ConfigDict, name: str,
                        seed: int) -> ml_collections.ConfigDict:
   """The undefended FedAvg run that gives a panel's 'trained' stage."""
@@ -87,7 +104,8 @@ class _Panel:
                             allow_synthetic=config.allow_synthetic,
                             seed=seed))
     self.attacks = suite(spec.family)
-    self._config, self._name, self._seed = config, name, seed
+    self.name = name
+    self._config, self._seed = config, seed
     self._workdir = workdir
     self._params: dict[str, Any] = {}
 
@@ -97,10 +115,10 @@ class _Panel:
       if stage == "init":
         self._params[stage] = self.model.init(self.keys.init)
       elif stage == "trained":
-        run_dir = os.path.join(self._workdir, "train", self._name,
+        run_dir = os.path.join(self._workdir, "train", self.name,
                                f"seed{self._seed}")
         result = training.train_and_evaluate(
-            panel_train_config(self._config, self._name, self._seed),
+            panel_train_config(self._config, self.name, self._seed),
             run_dir)
         self._params[stage] = result["state"].params
       else:
@@ -115,7 +133,7 @@ def plan(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   cells = []
   for panel in config.panels:
     for seed in config.seeds:
-      for stage in config.stages:
+      for stage in panel_stages(config, panel):
         base = {"panel": panel, "seed": int(seed), "stage": stage}
         cells.append({**base, "variant": "none", "rate": 0.0})
         cells += [{**base, "variant": v, "rate": float(r)}
@@ -135,7 +153,7 @@ def attack_cell(config: ml_collections.ConfigDict, panel: _Panel,
                                          panel.labels, k_defense)
   entries, _ = batched.attack_suite(
       model, params, shared, panel.images, panel.labels, panel.attacks,
-      k_attack, budgets=config.attack_budgets.to_dict(),
+      k_attack, budgets=panel_budgets(config, panel.name),
       give_labels=config.give_labels)
   keep = ("mse", "mse_clamped", "ssim", "psnr", "diverged", "seconds",
           "same_as")
@@ -337,7 +355,8 @@ def plot(result: dict[str, Any], path: str) -> None:
   plt = storage.pyplot()
   cfg = result["config"]
   rows = result["rows"]
-  panel_rows = [(p, st) for p in cfg["panels"] for st in cfg["stages"]]
+  panel_rows = [(p, st) for p in cfg["panels"]
+                for st in cfg["panels"][p].get("stages") or cfg["stages"]]
   variants = list(cfg["variants"])
   fig, axes = plt.subplots(len(panel_rows), len(variants),
                            figsize=(3.4 * len(variants), 2.8 * len(panel_rows)),

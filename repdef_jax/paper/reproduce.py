@@ -2,14 +2,17 @@
 
 Each part runs as its own entry point in a subprocess, in ``workdir/<part>``
 with ``experiments/configs/<part>.py:<preset>``; a finished part leaves a
-``PART_DONE.json`` marker holding its command and is skipped on a rerun with
-the same command (each part also resumes its own cells). A failed part is
+``PART_DONE.json`` marker holding its command and a digest of its config
+file, and is skipped on a rerun with the same command and config (each part
+also resumes its own cells, so a part whose config changed reruns only the
+cells it has not run). A failed part is
 recorded and the others still run. The report is
 :func:`repdef_jax.paper.report.write_report`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shlex
@@ -90,6 +93,13 @@ def part_command(part: str, preset: str, workdir: str, data_dir: str | None,
   return [sys.executable, "-m", *module_args]
 
 
+def config_digest(part: str) -> str:
+  """SHA-256 of a part's config file (a changed preset reruns the part)."""
+  path = os.path.join(ROOT, "experiments", "configs", f"{part}.py")
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
 def _display(cmd: list[str]) -> str:
   """The command as a user would type it (``python`` for the interpreter)."""
   return " ".join(["python"] + [shlex.quote(c) for c in cmd[1:]])
@@ -109,7 +119,9 @@ def run_parts(preset: str, workdir: str, data_dir: str | None,
     shown = _display(cmd)
     marker = os.path.join(sub, "PART_DONE.json")
     done = storage.read_json(marker)
-    if done and done.get("command") == shown:
+    digest = config_digest(part)
+    if (done and done.get("command") == shown
+        and done.get("config_digest") == digest):
       runs[part] = {**done, "status": "done (reused)"}
       print(f"[reproduce] {i + 1}/{len(todo)} {part}: finished earlier "
             f"({done['seconds']:.0f}s), reused", flush=True)
@@ -124,7 +136,8 @@ def run_parts(preset: str, workdir: str, data_dir: str | None,
     t0 = time.perf_counter()
     rc = subprocess.call(cmd, cwd=ROOT)
     seconds = time.perf_counter() - t0
-    record = {"command": shown, "seconds": seconds, "returncode": rc,
+    record = {"command": shown, "config_digest": digest, "seconds": seconds,
+              "returncode": rc,
               "status": "done" if rc == 0 else f"FAILED (exit {rc})"}
     runs[part] = record
     if rc == 0:
