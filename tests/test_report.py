@@ -18,7 +18,7 @@ def _claim(name, value, low, high, target=160.0):
 
 def _fake(workdir):
   storage.write_json(os.path.join(workdir, "tradeoff", "tradeoff.json"), {
-      "pixel_space": "[0,1]", "seconds": 12.0,
+      "pixel_space": "[0,1]", "seconds": 12.0, "cell_seconds": 345.0,
       "claims": [_claim("ratio vs compression", 200.0, 170.0, 250.0),
                  _claim("ratio vs dp", 20.0, 5.0, 40.0)],
       "tables": [{"title": "points", "header": ["defense", "accuracy"],
@@ -44,7 +44,8 @@ def test_report_renders_every_claim_with_its_verdict(tmp_path):
   assert "| bound holds | certified | 1 | reported |" in verdicts
   assert "**points**" in text and "0.9 [0.88, 0.92]" in text
   assert "![tradeoff: tradeoff.png](tradeoff/tradeoff.png)" in text
-  assert "python -m experiments.tradeoff --x" in text and "12.5" in text
+  # The last invocation's wall time and, beside it, the cells' total.
+  assert "| `python -m experiments.tradeoff --x` | 12.5 | 345 | done |" in text
   # Parts without results say so; every section is present.
   assert text.count("Not run.") == 4
   for heading, _, _ in report.PARTS.values():

@@ -149,9 +149,14 @@ def render(results: dict[str, dict | None], *, workdir: str,
     r, res = runs.get(part, {}), results.get(part) or {}
     status = r.get("status") or ("done" if results.get(part) else "not run")
     rows.append([part, f"`{r['command']}`" if r.get("command") else "n/a",
-                 r.get("seconds", res.get("seconds")), status])
-  lines += ["## Runs", ""] + table(["part", "command", "wall time (s)",
-                                    "status"], rows)
+                 r.get("seconds", res.get("seconds")),
+                 res.get("cell_seconds", "-"), status])
+  lines += ["## Runs", "",
+            "A resumed part's wall time is its last invocation's; the cells' "
+            "time sums every cell's own run, over all invocations (parts "
+            "made of cells only).", ""]
+  lines += table(["part", "command", "wall time (s)", "cells' time (s)",
+                  "status"], rows)
   for part, (heading, _, _) in PARTS.items():
     lines += [f"## {heading}", ""]
     res = results.get(part)
