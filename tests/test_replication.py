@@ -130,7 +130,8 @@ def test_readme_block_counts_and_lists_what_differs(tmp_path):
   assert ("Of the 2 claims the replica ran, 1 replicate (1 of them by "
           "verdict alone: neither run has an estimate), 1 give another "
           "verdict") in text
-  assert "1 claims of parts it did not run are not replicated" in text
+  assert ("1 claims the replica did not run (parts or panels it lacks) are "
+          "not replicated") in text
   assert "| c | held | did not hold | verdict differs |" in text
   readme.write_text("no markers\n")
   with pytest.raises(ValueError, match="replication:begin"):

@@ -208,8 +208,8 @@ def readme_block(result: dict[str, Any], source: str) -> str:
             f"{counts.get('verdict differs', 0)} give another verdict and "
             f"{counts.get('estimates differ', 0)} the same verdict with "
             "disjoint intervals; "
-            f"{counts.get('not replicated', 0)} claims of parts it did not "
-            "run are not replicated."]
+            f"{counts.get('not replicated', 0)} claims the replica did not "
+            "run (parts or panels it lacks) are not replicated."]
   differ = [r for r in result["rows"]
             if r["status"] in ("verdict differs", "estimates differ")]
   if differ:
