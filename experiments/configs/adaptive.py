@@ -81,8 +81,8 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
       # attack): GS 1,000 SSIM 0.69 / 0.66 / 0.20; GS 2,000 0.74 / 0.51 /
       # 0.43; 1,000 x 2 restarts 0.73 / 0.49 / 0.27; on CIFAR-10 GS 2,000
       # 0.16 / 0.20 / 0.15 (fails undefended: measures nothing). In the
-      # committed run GS 1,000 reconstructed 1 in 3 of the 9 undefended
-      # images: every row of this panel is n/a.
+      # committed run the best of the suite reconstructed 3 of the 9
+      # undefended images (GS alone 2): every row of this panel is n/a.
       "convnet16_mnist": _panel("mnist", "convnet64", "gs",
                                 model_kwargs={"width": 16}, stages=("init",),
                                 attack_budgets={"gs": {"iterations": 1000}}),
