@@ -61,10 +61,10 @@ def suite(family: str) -> tuple[str, str, str]:
   return (family, f"{family}_drop", f"{family}_mask")
 
 
-def panel_stages(config: ml_collections.ConfigDict, name: str
-                 ) -> tuple[str, ...]:
-  """A panel's training stages: its own ``stages`` or the config's."""
-  return tuple(config.panels[name].get("stages", None) or config.stages)
+def panel_stages(config: Any, name: str) -> tuple[str, ...]:
+  """A panel's training stages: its own ``stages`` or the config's
+  (``config``: the ConfigDict or its dict in a result)."""
+  return tuple(config["panels"][name].get("stages") or config["stages"])
 
 
 def panel_budgets(config: ml_collections.ConfigDict, name: str
@@ -355,8 +355,7 @@ def plot(result: dict[str, Any], path: str) -> None:
   plt = storage.pyplot()
   cfg = result["config"]
   rows = result["rows"]
-  panel_rows = [(p, st) for p in cfg["panels"]
-                for st in cfg["panels"][p].get("stages") or cfg["stages"]]
+  panel_rows = [(p, st) for p in cfg["panels"] for st in panel_stages(cfg, p)]
   variants = list(cfg["variants"])
   fig, axes = plt.subplots(len(panel_rows), len(variants),
                            figsize=(3.4 * len(variants), 2.8 * len(panel_rows)),
