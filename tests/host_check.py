@@ -15,9 +15,11 @@ from repdef_jax import host
 from repdef_jax import models
 from repdef_jax.attacks import base
 
+MODEL = "leakage"  # One convolution: small programs, fast compiles.
+
 
 def _rounds():
-  model = models.get_model("lenet", (12, 12, 1), 10)
+  model = models.get_model(MODEL, (12, 12, 1), 10)
   rng = np.random.default_rng(0)
   data = fedavg.ClientArrays(
       rng.random((6, 8, 12, 12, 1), dtype=np.float32),
@@ -43,7 +45,7 @@ def _rounds():
 
 
 def _attacks():
-  model = models.get_model("lenet", (12, 12, 1), 10)
+  model = models.get_model(MODEL, (12, 12, 1), 10)
   params = model.init(jax.random.key(0))
   x = jax.random.uniform(jax.random.key(1), (3, 1, 12, 12, 1))
   y = np.arange(3, dtype=np.int32)[:, None]

@@ -131,42 +131,56 @@ nbformat.write(nb, out)
 """
 
 
-def test_notebooks_execute_tiny_from_the_wheel(tmp_path):
-  python, build_seconds = _wheel_venv(tmp_path)
-  venv_site = os.path.dirname(os.path.dirname(python))
+@pytest.fixture(scope="module")
+def wheel_env(tmp_path_factory):
+  """(python, env, tmp): the wheel's venv and an offline notebook env."""
+  tmp = tmp_path_factory.mktemp("wheel")
+  python, build_seconds = _wheel_venv(tmp)
+  print(f"wheel + venv {build_seconds:.0f}s")
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("REPDEF_JAX", "PYTHON"))}
-  os.makedirs(tmp_path / "empty_tfds")
+  os.makedirs(tmp / "empty_tfds")
   env.update(REPDEF_JAX_NOTEBOOK_TINY="1", REPDEF_JAX_OFFLINE="1",
-             REPDEF_JAX_CACHE=str(tmp_path / "cache"), JAX_PLATFORMS="cpu",
-             TFDS_DATA_DIR=str(tmp_path / "empty_tfds"))
-  # Console scripts and configs work from outside the checkout.
-  helped = subprocess.run([os.path.join(venv_site, "bin", "repdef-attack"),
-                           "--help"], cwd=tmp_path, env=env, check=False,
+             REPDEF_JAX_CACHE=str(tmp / "cache"), JAX_PLATFORMS="cpu",
+             TFDS_DATA_DIR=str(tmp / "empty_tfds"))
+  return python, env, tmp
+
+
+def test_console_scripts_and_configs_from_the_wheel(wheel_env):
+  python, env, tmp = wheel_env
+  venv_bin = os.path.dirname(python)
+  helped = subprocess.run([os.path.join(venv_bin, "repdef-attack"),
+                           "--help"], cwd=tmp, env=env, check=False,
                           capture_output=True, text=True, timeout=300)
   assert "--images" in helped.stdout, helped.stderr[-2000:]  # absl: exit 1
   # The default --config is the installed file (absl wraps long lines).
   assert "site-packages/experiments/configs/attack.py" in "".join(
       helped.stdout.split())
-  timings = [f"wheel + venv {build_seconds:.0f}s"]
-  for path in NOTEBOOKS:
-    name = os.path.basename(path)
-    start = time.perf_counter()
-    out = tmp_path / name
-    proc = subprocess.run([python, "-c", _RUN, path, str(out), str(tmp_path)],
-                          cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
-    timings.append(f"{name} {time.perf_counter() - start:.0f}s")
-    nb = nbformat.read(out, as_version=4)
-    text = "\n".join(o.get("text", "") for c in nb.cells
-                     if c.cell_type == "code" for o in c.outputs)
-    assert "repdef_jax is installed" in text
-    assert f"python: {python}" in text
-    assert f"repdef_jax: {venv_site}" in text  # the wheel, not the checkout
-    assert "JAX devices: jax " in text and "no GPU: running on the CPU" in text
-    if name.startswith("02"):
-      assert "data: sample: the embedded sample" in text
-    else:
-      assert "images: sample" in text
-  print("; ".join(timings))
+
+
+# One test per notebook, so that pytest-xdist spreads them over workers.
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_notebook_executes_tiny_from_the_wheel(wheel_env, path):
+  python, env, tmp = wheel_env
+  venv_site = os.path.dirname(os.path.dirname(python))
+  name = os.path.basename(path)
+  start = time.perf_counter()
+  out = tmp / name
+  cwd = tmp / name.split("_")[0]
+  os.makedirs(cwd)
+  proc = subprocess.run([python, "-c", _RUN, path, str(out), str(cwd)],
+                        cwd=cwd, env=env, capture_output=True,
+                        text=True, timeout=600, check=False)
+  assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+  print(f"{name} {time.perf_counter() - start:.0f}s")
+  nb = nbformat.read(out, as_version=4)
+  text = "\n".join(o.get("text", "") for c in nb.cells
+                   if c.cell_type == "code" for o in c.outputs)
+  assert "repdef_jax is installed" in text
+  assert f"python: {python}" in text
+  assert f"repdef_jax: {venv_site}" in text  # the wheel, not the checkout
+  assert "JAX devices: jax " in text and "no GPU: running on the CPU" in text
+  if name.startswith("02"):
+    assert "data: sample: the embedded sample" in text
+  else:
+    assert "images: sample" in text
