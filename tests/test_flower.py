@@ -212,7 +212,7 @@ def test_bad_flower_inputs_fail_clearly(fl):
     fl.AuditingFedAvg(model, "nope", client_lr=0.1)
   with pytest.raises(ValueError, match="client_lr must be > 0"):
     fl.AuditingFedAvg(model, "dlg", client_lr=0.0)
-  params = {"head": {"bias": np.zeros(10), "kernel": np.zeros((784, 10))}}
+  params = model.init(jax.random.key(0))
   with pytest.raises(ValueError, match="do not match the model's parameters"):
     fl.from_arrays(fl.to_arrays({"head": {"kernel": np.zeros((784, 10))}}),
                    params)
