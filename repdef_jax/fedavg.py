@@ -452,7 +452,7 @@ def client_update(model: models_lib.Model, config: FedAvgConfig,
 def init(model: models_lib.Model, config: FedAvgConfig,
          key: jax.Array) -> ServerState:
   """Initial server state from the init stream's key."""
-  params = jax.jit(model.init)(key)
+  params = model.init(key)
   return ServerState(params=params,
                      opt_state=config.server_opt.init(params),
                      round=jnp.zeros((), jnp.int32))

@@ -590,9 +590,10 @@ class Model:
     return self.with_conv_impl(conv_impl) if self.conv_impl == "auto" else self
 
   def init(self, rng: jax.Array) -> Params:
-    """Initial parameters (the ``'params'`` collection)."""
-    x = jnp.zeros((1, *self.input_shape), jnp.float32)
-    return self.module.init(rng, x)["params"]
+    """Initial parameters (the ``'params'`` collection), one jitted program
+    per model (same bits as flax's eager init, compiled once instead of op
+    by op)."""
+    return _init_params(self, rng)
 
   def check_input(self, x, name: str = "x") -> None:
     """Raises when ``x`` is not a batch of this model's images.
@@ -751,6 +752,12 @@ def get_model(name: str,
     raise ValueError(f"Model {name!r} cannot take images of shape "
                      f"{input_shape} (empty representation).")
   return model
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params(model: Model, rng: jax.Array) -> Params:
+  x = jnp.zeros((1, *model.input_shape), jnp.float32)
+  return model.module.init(rng, x)["params"]
 
 
 def num_params(params: Params) -> int:

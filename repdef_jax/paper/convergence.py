@@ -93,7 +93,7 @@ def initial_loss(config: ml_collections.ConfigDict) -> float:
                                info.num_classes, init=config.model_init,
                                conv_impl=config.conv_impl,
                                **config.model_kwargs.to_dict())
-  params = jax.jit(model.init)(fedavg.key_streams(config.seed).init)
+  params = model.init(fedavg.key_streams(config.seed).init)
   return float(fedavg.global_loss(model, params,
                                   fedavg.as_client_arrays(clients), config.l2))
 

@@ -249,7 +249,7 @@ def _recon_model(config: ml_collections.ConfigDict, shape: Sequence[int],
   model = models.get_model(config.recon_model, tuple(shape),
                            conv_impl=config.recon_conv_impl)
   keys = harness.sweep_keys(seed)
-  return model, jax.jit(model.init)(keys.init), keys
+  return model, model.init(keys.init), keys
 
 
 def one_image_cell(config: ml_collections.ConfigDict, images: np.ndarray,
