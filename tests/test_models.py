@@ -48,6 +48,17 @@ def test_known_representation_sizes():
     assert models.get_model(name, SHAPES[ds]).num_features == f
 
 
+def test_jitted_init_equals_flax_eager_init():
+  # Model.init is one jitted program; it must draw flax's eager bits, or
+  # the committed results would no longer be reproduced.
+  for init in ("default", "uniform"):
+    model = models.get_model("leakage", (28, 28, 1), init=init)
+    key = jax.random.key(3)
+    eager = model.module.init(key, jnp.zeros((1, 28, 28, 1)))["params"]
+    jax.tree_util.tree_map(np.testing.assert_array_equal, model.init(key),
+                           eager)
+
+
 def test_uniform_init_is_in_range():
   model = models.get_model("lenet", init="uniform")
   leaves = jax.tree_util.tree_leaves(model.init(jax.random.key(1)))
