@@ -44,7 +44,7 @@ def local_sgd(model, params, x, y, *, steps, lr):
 @pytest.fixture(scope="module")
 def client():
   model = models.get_model("lenet5", (32, 32, 3))
-  params = jax.jit(model.init)(jax.random.key(0))
+  params = model.init(jax.random.key(0))
 
   @jax.jit
   def make_data(key):

@@ -8,7 +8,6 @@ num-partitions clients, the same split in every process (seeded).
 
 import functools
 
-import jax
 
 from repdef_jax import data
 from repdef_jax import defenses
@@ -88,4 +87,4 @@ def _test_data(dataset, max_examples, sample):
 
 def initial_params(run_config):
   keys = fedavg.key_streams(int(run_config["seed"]))
-  return jax.jit(model(run_config).init)(keys.init)
+  return model(run_config).init(keys.init)
