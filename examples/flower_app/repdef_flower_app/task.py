@@ -8,7 +8,6 @@ num-partitions clients, the same split in every process (seeded).
 
 import functools
 
-
 from repdef_jax import data
 from repdef_jax import defenses
 from repdef_jax import fedavg
