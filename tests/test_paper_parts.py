@@ -7,6 +7,8 @@ an image through Soteria on the leakage model where the plain attack is
 stopped.
 """
 
+import os
+
 import jax
 import ml_collections
 import numpy as np
@@ -183,6 +185,51 @@ def test_adaptive_panel_overrides_stages_and_budgets():
   b = adaptive.panel_budgets(config, "b")
   assert b["gs"] == {"iterations": 2000, "restarts": 1}
   assert b["dlg"] == {"outer_steps": 30, "inner_steps": 20}
+
+
+def test_cell_store_refuses_cells_of_other_settings(tmp_path):
+  """A cell is reused only under the settings it was computed with; a sweep
+  may grow (seeds, rates, other panels) and change its analysis."""
+  config = ml_collections.ConfigDict(dict(
+      seeds=(0,), data_dir="/a", success_ssim=0.6,
+      variants={"reference": (40.0,)},
+      attack_budgets={"gs": {"iterations": 500}},
+      panels={"a": {"family": "gs"}, "b": {"family": "dlg"}}))
+  drop = adaptive.ANALYSIS_KEYS
+  store = harness.CellStore(str(tmp_path))
+  calls = []
+
+  def cell():
+    calls.append(1)
+    return {"ssim": 0.5}
+
+  first = store.get_or_run("a_seed0", cell, None,
+                           harness.cell_settings(config, drop, "a"))
+  assert first["ssim"] == 0.5 and len(calls) == 1
+  grown = ml_collections.ConfigDict(config.to_dict())
+  grown.seeds, grown.data_dir, grown.success_ssim = (0, 1), "/b", 0.9
+  grown.variants.reference = (40.0, 80.0)
+  grown.panels.b.family = "gs"
+  grown.panels["c"] = {"family": "gs"}
+  assert store.get_or_run("a_seed0", cell, None,
+                          harness.cell_settings(grown, drop, "a")) == first
+  assert len(calls) == 1
+  before = os.path.getmtime(store.path("a_seed0"))
+  grown.attack_budgets.gs.iterations = 1000
+  with pytest.raises(ValueError, match=r"a_seed0\.json was computed with "
+                     r"other settings \(attack_budgets\.gs\.iterations: "
+                     r"500 -> 1000\)"):
+    store.get_or_run("a_seed0", cell, None,
+                     harness.cell_settings(grown, drop, "a"))
+  assert len(calls) == 1 and os.path.getmtime(
+      store.path("a_seed0")) == before
+  # A cell written before cells recorded their settings is not trusted.
+  store.put("old", {"ssim": 0.1})
+  with pytest.raises(ValueError, match="none recorded"):
+    store.get_or_run("old", cell, None, {"x": 1})
+  # Dotted keys drop nested entries.
+  assert harness.cell_settings({"t": {"u": 1, "v": 2}}, ("t.u",)) == {
+      "t": {"v": 2}}
 
 
 # --------------------------------------------------------------------------

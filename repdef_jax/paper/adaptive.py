@@ -54,6 +54,10 @@ VARIANTS = {
     "exact": {"score": "exact"},
 }
 PIXEL_SPACE = "[0,1] (model input space; SSIM on clamped images)"
+# Config keys that enumerate the cells or only shape the analysis: a cell's
+# settings (harness.cell_settings) leave them out.
+ANALYSIS_KEYS = ("seeds", "stages", "variants", "success_ssim",
+                 "unrecognisable")
 
 
 def suite(family: str) -> tuple[str, str, str]:
@@ -315,7 +319,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         lambda cell=cell: attack_cell(config, panel(cell["panel"],
                                                     cell["seed"]),
                                       cell["stage"], cell["variant"],
-                                      cell["rate"]), progress)
+                                      cell["rate"]), progress,
+        harness.cell_settings(config, ANALYSIS_KEYS, cell["panel"]))
     done.append((cell, result))
   rows = analyse(config, done)
   result = harness.jsonable({

@@ -20,7 +20,6 @@ import os
 import time
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
@@ -207,7 +206,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         harness.cell_name(s["name"], f"seed{seed}"),
         lambda s=s, seed=seed, run_dir=run_dir: run_cell(base, s, seed,
                                                          run_dir),
-        progress)
+        progress, harness.cell_settings({"base": base.to_dict(), "setting": s},
+                                        ("base.data_dir",)))
     by_setting.setdefault(s["name"], []).append(cell)
   summaries = [summarize(s, by_setting[s["name"]]) for s in settings(config)]
   payload = {"experiment": "convergence", "config": config.to_dict(),

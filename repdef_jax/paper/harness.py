@@ -324,13 +324,44 @@ def cell_name(*parts: Any) -> str:
   return re.sub(r"[^A-Za-z0-9_.+-]+", "-", text)
 
 
+def cell_settings(config: Any, drop: Sequence[str] = (),
+                  panel: str | None = None) -> dict[str, Any]:
+  """What a sweep's cells depend on: ``config`` as a JSON-ready dict without
+  ``data_dir`` and ``drop`` (keys, dotted for nested ones, that enumerate
+  cells, e.g. ``seeds``, or only shape the analysis, e.g. a threshold), and
+  ``panels`` narrowed to ``panel`` when given, so a sweep can grow (more
+  seeds, rates, panels) without touching its finished cells."""
+  d = jsonable(config.to_dict() if hasattr(config, "to_dict") else config)
+  for key in ("data_dir", *drop):
+    *parents, leaf = key.split(".")
+    node = d
+    for p in parents:
+      node = node.get(p, {})
+    node.pop(leaf, None)
+  if panel is not None:
+    d["panels"] = {panel: d["panels"][panel]}
+  return d
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+  """Dotted paths where two JSON-ready values differ."""
+  if isinstance(old, dict) and isinstance(new, dict):
+    return [p for k in sorted(set(old) | set(new))
+            for p in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+  return [] if old == new else [f"{prefix[:-1] or 'settings'}: {old!r} -> "
+                                f"{new!r}"]
+
+
 @dataclasses.dataclass
 class CellStore:
   """One JSON file per finished cell under ``folder``.
 
   A cell is written atomically when done; :meth:`get_or_run` skips cells
   whose file exists, so a sweep killed at any moment resumes without redoing
-  finished work.
+  finished work. A cell records the settings it was computed with
+  (:func:`cell_settings`) and a cell file whose settings differ from the
+  current ones is refused, never reused: a changed attack budget cannot mix
+  with cells of the old one.
 
   Attributes:
     folder: where the cell files live (created on demand).
@@ -348,16 +379,32 @@ class CellStore:
     storage.write_json(self.path(name), value)
 
   def get_or_run(self, name: str, fn: Callable[[], dict],
-                 progress: "Progress | None" = None) -> dict:
-    """The stored cell ``name``, or ``fn()`` run, stored and returned."""
+                 progress: "Progress | None" = None,
+                 settings: dict[str, Any] | None = None) -> dict:
+    """The stored cell ``name``, or ``fn()`` run, stored and returned.
+
+    Raises:
+      ValueError: the stored cell was computed with other ``settings``.
+    """
+    settings = jsonable(settings or {})
     cached = self.get(name)
     if cached is not None:
+      diff = (_differences(cached["settings"], settings)
+              if "settings" in cached else
+              ["none recorded (an older repdef_jax)"] if settings else [])
+      if diff:
+        more = f"; {len(diff) - 3} more" if len(diff) > 3 else ""
+        raise ValueError(
+            f"{self.path(name)} was computed with other settings "
+            f"({'; '.join(diff[:3])}{more}); remove it, or use another "
+            "workdir, to recompute it.")
       if progress is not None:
         progress.step(name, skipped=True)
       return cached
     start = time.perf_counter()
     value = fn()
-    value = {**value, "cell_seconds": time.perf_counter() - start}
+    value = {**value, "cell_seconds": time.perf_counter() - start,
+             "settings": settings}
     self.put(name, value)
     if progress is not None:
       progress.step(name)

@@ -501,6 +501,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
   store = harness.CellStore(os.path.join(workdir, "cells"))
+  cell_settings = harness.cell_settings(config, ("seeds",))
   images, labels = _train_images(config.dataset, config.data_dir,
                                  config.max_train_examples)
   seeds = [int(s) for s in config.seeds]
@@ -509,8 +510,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   progress = harness.Progress(len(seeds) * (1 + len(settings)), "repinfer")
   inf_cells = [store.get_or_run(
       harness.cell_name("inference", f"seed{s}"),
-      functools.partial(inference_cell, config, images, labels, s), progress)
-               for s in seeds]
+      functools.partial(inference_cell, config, images, labels, s), progress,
+      cell_settings) for s in seeds]
   recon_cells: dict[str, list[dict]] = {}
   for setting in settings:
     fn = one_image_cell if setting == "one_image" else update_cell
@@ -523,7 +524,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         return cell
 
       recon_cells.setdefault(setting, []).append(
-          store.get_or_run(name, compute, progress))
+          store.get_or_run(name, compute, progress, cell_settings))
   inference = summarize_inference(inf_cells)
   reconstruction = {k: summarize_reconstruction(v)
                     for k, v in recon_cells.items()}

@@ -4,11 +4,12 @@ Each part runs as its own entry point in a subprocess, in ``workdir/<part>``
 with ``experiments/configs/<part>.py:<preset>``; a finished part leaves a
 ``PART_DONE.json`` marker holding its command and a digest of its config
 file, and is skipped on a rerun with the same command and config. Each part
-also resumes its own cells, so a part whose config changed runs only the
-cells it has not run yet (cells are keyed by name: a change to the settings
-of existing cells, e.g. an attack budget, needs those cell files removed or
-a fresh workdir). A failed part is recorded and the others still
-run. The report is :func:`repdef_jax.paper.report.write_report`.
+also resumes its own cells, so a part whose config grew (seeds, strengths,
+panels) runs only the cells it has not run yet; a cell computed with other
+settings (e.g. an attack budget since changed) is refused with an error
+naming the setting (:class:`repdef_jax.paper.harness.CellStore`): remove
+those cell files or use a fresh workdir. A failed part is recorded and the
+others still run. The report is :func:`repdef_jax.paper.report.write_report`.
 """
 
 from __future__ import annotations

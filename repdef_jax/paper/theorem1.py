@@ -242,7 +242,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     cells.setdefault(name, {})[(seed, rate)] = store.get_or_run(
         harness.cell_name(name, f"seed{seed}", "rate", rate),
         lambda name=name, seed=seed, rate=rate: rate_cell(
-            config, panel(name, seed), rate), progress)
+            config, panel(name, seed), rate), progress,
+        harness.cell_settings(config, ("seeds", "rates", "success_ssim"),
+                              name))
   panels = {name: analyse_panel(config, name, c) for name, c in cells.items()}
   result = harness.jsonable({
       "experiment": "certified", "config": config.to_dict(),

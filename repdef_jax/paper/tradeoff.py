@@ -48,6 +48,12 @@ BASELINES = ("compression", "dp_gaussian", "dp_laplace")
 RESULT_FILE = "tradeoff.json"
 PLOT_FILE = "tradeoff.png"
 PRIVACY_METRICS = ("mse_clamped", "mse", "ssim", "psnr")
+# Config keys that enumerate the cells, only shape the analysis or cost
+# estimates: a cell's settings (harness.cell_settings) leave them out.
+ANALYSIS_KEYS = ("seeds", "defenses", "update_attack.cells",
+                 "update_attack.stages", "threshold", "thresholds",
+                 "success_ssim", "dry_run", "cost_reference",
+                 "unit_costs_reference", "train.data_dir")
 
 
 # --------------------------------------------------------------------------
@@ -236,7 +242,9 @@ def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
     else:
       fn = functools.partial(update_cell, config, panel, d, s, cell["stage"],
                              run_dir)
-    yield cell, store.get_or_run(sweep.cell_name(cell), fn, progress)
+    yield cell, store.get_or_run(
+        sweep.cell_name(cell), fn, progress,
+        harness.cell_settings(config, ANALYSIS_KEYS, cell["panel"]))
 
 
 # --------------------------------------------------------------------------

@@ -37,6 +37,10 @@ RESULT_FILE = "visual.json"
 PLOT_FILE = "visual.png"
 PIXEL_SPACE = "[0,1] (model input space; SSIM and clamped MSE on clamped " \
               "images)"
+# Config keys that enumerate the cells or only shape the analysis: a cell's
+# settings (harness.cell_settings) leave them out.
+ANALYSIS_KEYS = ("seeds", "settings", "success_ssim", "unrecognisable",
+                 "claim_soteria_rate", "claim_compression_rate")
 
 
 def settings(config: ml_collections.ConfigDict) -> list[tuple[str, float]]:
@@ -182,7 +186,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         name, lambda d=d, s=s, keys=keys, params=params, images=images,
         labels=labels, rec_path=rec_path: setting_cell(
             config, model, params, keys, images, labels, d, s, rec_path),
-        progress)
+        progress, harness.cell_settings(config, ANALYSIS_KEYS))
     cells.setdefault((d, s), []).append(cell)
     if seed == int(config.seeds[0]):
       first.setdefault("original", images[:, 0])
