@@ -63,11 +63,13 @@ def test_tiny_end_to_end_and_resume(mock_env):
   assert before == {n: os.path.getmtime(os.path.join(cells, n))
                     for n in names}
   assert again["claims"] == result["claims"]
-  # A changed attack budget does not reuse cells computed with the old one.
+  # A changed attack budget keeps the finished training (planned first) and
+  # refuses the attack cell computed with the old budget.
   longer = tradeoff_cfg.get_config("tiny")
   longer.data_dir = config.data_dir
   longer.attack_budgets.gs.iterations += 1
-  with pytest.raises(ValueError, match="attack_budgets.gs.iterations"):
+  with pytest.raises(ValueError, match=r"seed0_attack_none_0_\.json was "
+                     r"computed with other settings \(attack_budgets\.gs"):
     tradeoff.run(longer, workdir)
 
   # Dry run of a bigger plan, priced by this run's cell timings: the same

@@ -49,11 +49,16 @@ RESULT_FILE = "tradeoff.json"
 PLOT_FILE = "tradeoff.png"
 PRIVACY_METRICS = ("mse_clamped", "mse", "ssim", "psnr")
 # Config keys that enumerate the cells, only shape the analysis or cost
-# estimates: a cell's settings (harness.cell_settings) leave them out.
+# estimates: a cell's settings (cell_settings) leave them out.
 ANALYSIS_KEYS = ("seeds", "defenses", "update_attack.cells",
                  "update_attack.stages", "threshold", "thresholds",
                  "success_ssim", "dry_run", "cost_reference",
                  "unit_costs_reference", "train.data_dir")
+# What only the attacks read (a training cell leaves them out, and its
+# panel's attack suite), and what only training reads (a round-0 attack cell
+# leaves it out, and its panel's training overrides).
+ATTACK_KEYS = ("num_images", "attack_budgets", "give_labels", "update_attack")
+TRAIN_KEYS = ("train", "accuracy_window", "update_attack")
 
 
 # --------------------------------------------------------------------------
@@ -218,6 +223,22 @@ def update_cell(config, panel: _Panel, defense: str, strength: float,
           **{k: float(v) for k, v in info.items() if k.startswith("defense/")}}
 
 
+def cell_settings(config, cell: dict[str, Any]) -> dict[str, Any]:
+  """What a planned cell depends on (:func:`harness.cell_settings`): a
+  training cell its panel's training (and whether it keeps the snapshots the
+  update attacks read), a round-0 attack cell its panel's attacks, an update
+  cell both; so a longer attack budget keeps every finished training run."""
+  panel = cell["panel"]
+  drop = ANALYSIS_KEYS + {
+      "train": ATTACK_KEYS + (f"panels.{panel}.attacks",),
+      "attack": TRAIN_KEYS + (f"panels.{panel}.train",)}.get(cell["kind"], ())
+  out = harness.cell_settings(config, drop, panel)
+  if cell["kind"] == "train":
+    out["snapshots"] = ((cell["defense"], cell["strength"]) in
+                        set(sweep.update_strengths(config)))
+  return out
+
+
 def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
   """Runs (or reads) every planned cell; yields ``(cell, result)``."""
   store = harness.CellStore(os.path.join(workdir, "cells"))
@@ -242,9 +263,8 @@ def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
     else:
       fn = functools.partial(update_cell, config, panel, d, s, cell["stage"],
                              run_dir)
-    yield cell, store.get_or_run(
-        sweep.cell_name(cell), fn, progress,
-        harness.cell_settings(config, ANALYSIS_KEYS, cell["panel"]))
+    yield cell, store.get_or_run(sweep.cell_name(cell), fn, progress,
+                                 cell_settings(config, cell))
 
 
 # --------------------------------------------------------------------------
