@@ -2,9 +2,10 @@
 
 Verdicts are checked on constructed inputs whose answer is known from the
 rules of docs/evaluation.md; the batched attack suite against the one-image
-harness; and, on a fixed seed, that the adaptive ``gs_mask`` attack recovers
-an image through Soteria on the leakage model where the plain attack is
-stopped.
+harness; the cell store against reusing a cell computed under other
+settings; and, on a fixed seed, that the adaptive ``gs_mask`` attack
+recovers an image through Soteria on the leakage model where the plain
+attack is stopped.
 """
 
 import os

@@ -21,10 +21,9 @@ width-16 ConvNet on MNIST at initialisation only, because on the shared
 2-core CPU GS 2,000 does not reconstruct undefended CIFAR-10 images of it
 (SSIM 0.15-0.20), while on MNIST GS 1,000 with TV weight 1e-2 reconstructs
 6 of 9 undefended probe images, ~10 s per image), the leakage CNN (the
-defense-favourable case:
-its only other gradient is the conv's) and LeNet5 (ReLU features, where
-'count' and 'percentile' differ, and two unprotected FC layers before the
-defended one).
+defense-favourable case: its only other gradient is the conv's) and LeNet5
+(ReLU features, where 'count' and 'percentile' differ, and two unprotected
+FC layers before the defended one).
 
 Presets: ``quick`` (CI smoke run: leakage only, 1 seed, 2 images, rate 80,
 init; measured 2.3 min wall / 0.8 min CPU on the shared, heavily loaded
