@@ -57,6 +57,12 @@ def test_tiny_end_to_end_and_resume(mock_env):
     cell = json.load(f)
   assert cell["accuracy"] == pytest.approx(
       np.mean(cell["accuracy_curve"][-config.accuracy_window:]))
+  # Real updates are attacked with update_attack.budgets over attack_budgets.
+  with open(os.path.join(
+      cells, "logreg_mnist_seed0_update_soteria_50_first.json")) as f:
+    update = json.load(f)
+  assert update["attacks"]["gs"]["iterations"] == (
+      config.update_attack.budgets.gs.iterations)
   # A rerun reuses every cell (no file rewritten) and gives the same claims.
   before = {n: os.path.getmtime(os.path.join(cells, n)) for n in names}
   again = tradeoff.run(config, workdir)
@@ -106,17 +112,20 @@ def test_unit_costs_price_cells_no_finished_run_timed():
   est = cost.estimate(config, cells, None, reference="", units=unit)
   steps = tc.rounds * tc.clients_per_round * tc.local_steps
   gs_its = config.attack_budgets.gs.iterations
+  upd_its = config.update_attack.budgets.gs.iterations  # its own budget
+  assert upd_its != gs_its
   want = {
       "train": steps * (0.01 + 0.5),  # the undefended and the Soteria cell
       "attack": 2 * config.num_images * 2 * gs_its * 0.002,  # gs, gs_mask
       "update": (len(config.update_attack.stages) * config.update_attack.batch
-                 * gs_its * 0.002),
+                 * upd_its * 0.002),
   }
   assert est["by_kind"] == pytest.approx(want)
   assert est["from_units"] == ["logreg/mnist"] and not est["unknown"]
   # On the modelled GPU every step and iteration of this tiny model takes
   # the floor: seconds = floor x (steps + iterations), images batched.
-  units = 2 * steps + 2 * 2 * gs_its + len(config.update_attack.stages) * gs_its
+  units = (2 * steps + 2 * 2 * gs_its
+           + len(config.update_attack.stages) * upd_its)
   assert est["gpu_seconds"] == pytest.approx(cost.GPU_STEP_FLOOR_S * units)
   assert "priced from measured unit costs" in cost.render(est)
   # As measured (int batch keys) and as read back from JSON (strings).

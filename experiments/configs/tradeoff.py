@@ -104,6 +104,8 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
     c.update_attack.batch = 2
     c.update_attack.local_steps = 2
     c.update_attack.attacks = ("gs",)
+    c.update_attack.budgets = ml_collections.ConfigDict(
+        {"gs": {"iterations": 7}})
   elif preset != "full":
     raise ValueError(f"unknown preset {preset!r}; use 'quick', 'medium', "
                      "'full' or 'tiny'.")

@@ -75,11 +75,9 @@ def panel_budgets(config: ml_collections.ConfigDict, name: str
                   ) -> dict[str, dict]:
   """Attack budgets per family: the config's, updated by the panel's own
   ``attack_budgets`` (e.g. a longer GS for a harder model)."""
-  budgets = config.attack_budgets.to_dict()
   own = config.panels[name].get("attack_budgets", None)
-  for family, b in (own.to_dict() if own else {}).items():
-    budgets[family] = {**budgets.get(family, {}), **b}
-  return budgets
+  return harness.merge_budgets(config.attack_budgets.to_dict(),
+                               own.to_dict() if own else None)
 
 
 def panel_train_config(config: ml_collections.ConfigDict, name: str,

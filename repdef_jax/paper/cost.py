@@ -53,12 +53,13 @@ def family(defense: str) -> str:
   return "soteria" if defense == "soteria" else "plain"
 
 
-def _iterations_by_attack(config, attacks: Sequence[str]) -> dict[str, int]:
+def _iterations_by_attack(budgets: dict[str, dict], attacks: Sequence[str]
+                          ) -> dict[str, int]:
   """Worst-case iterations (no early stop) of a suite: ``{'dlg', 'gs'}``."""
   total = {"dlg": 0, "gs": 0}
   for a in attacks:
     fam = "gs" if a.startswith("gs") else "dlg"
-    b = config.attack_budgets[fam]
+    b = budgets.get(fam, {})
     if fam == "gs":
       total[fam] += int(b.get("iterations", 2000)) * int(b.get("restarts", 1))
     else:
@@ -67,11 +68,13 @@ def _iterations_by_attack(config, attacks: Sequence[str]) -> dict[str, int]:
   return total
 
 
-def _suite(config, cell: dict[str, Any]) -> tuple[Sequence[str], int]:
-  """(attacks, images) of an attack or update cell."""
+def _suite(config, cell: dict[str, Any]) -> tuple[Sequence[str], int, dict]:
+  """(attacks, images, budgets) of an attack or update cell."""
   if cell["kind"] == "attack":
-    return config.panels[cell["panel"]].attacks, config.num_images
-  return config.update_attack.attacks, config.update_attack.batch
+    return (config.panels[cell["panel"]].attacks, config.num_images,
+            sweep.budgets(config, "attack"))
+  return (config.update_attack.attacks, config.update_attack.batch,
+          sweep.budgets(config, "update"))
 
 
 def work(config, cell: dict[str, Any]) -> float:
@@ -80,8 +83,8 @@ def work(config, cell: dict[str, Any]) -> float:
     tc = sweep.panel_config(config, cell["panel"])
     return float(tc.rounds * tc.clients_per_round * tc.local_steps *
                  tc.batch_size)
-  attacks, images = _suite(config, cell)
-  return float(images * sum(_iterations_by_attack(config, attacks).values()))
+  attacks, images, budgets = _suite(config, cell)
+  return float(images * sum(_iterations_by_attack(budgets, attacks).values()))
 
 
 def cell_costs(config, cells: Sequence[tuple[dict, dict]]) -> list[dict]:
@@ -154,8 +157,8 @@ def gpu_seconds(config, cell: dict[str, Any]) -> float:
     if family(cell["defense"]) == "soteria":
       per_step += _FORWARDS["soteria"] * b * features
     return work(config, cell) / b * unit(per_step)
-  attacks, images = _suite(config, cell)
-  its = _iterations_by_attack(config, attacks)
+  attacks, images, budgets = _suite(config, cell)
+  its = _iterations_by_attack(budgets, attacks)
   return sum(n * unit(images * _FORWARDS[a]) for a, n in its.items())
 
 
@@ -191,8 +194,8 @@ def unit_seconds(config, cell: dict[str, Any],
     return per_step * work(config, cell) / tc.batch_size
   dlg = unit.get("dlg_outer_step_s", {}).get(name)
   gs = unit.get("gs_iteration_s", {}).get(name)
-  attacks, images = _suite(config, cell)
-  its = _iterations_by_attack(config, attacks)
+  attacks, images, budgets = _suite(config, cell)
+  its = _iterations_by_attack(budgets, attacks)
   if (its["dlg"] and dlg is None) or (its["gs"] and gs is None):
     return None
   per_dlg = (dlg or 0.0) / int(unit.get("dlg_inner_steps", 20))

@@ -324,6 +324,16 @@ def cell_name(*parts: Any) -> str:
   return re.sub(r"[^A-Za-z0-9_.+-]+", "-", text)
 
 
+def merge_budgets(base: dict[str, dict], own: dict[str, dict] | None
+                  ) -> dict[str, dict]:
+  """Per-family attack budgets (``{'dlg': {...}, 'gs': {...}}``): ``base``
+  with each family's entries updated by ``own``'s."""
+  out = {family: dict(b) for family, b in base.items()}
+  for family, b in (own or {}).items():
+    out[family] = {**out.get(family, {}), **b}
+  return out
+
+
 def cell_settings(config: Any, drop: Sequence[str] = (),
                   panel: str | None = None) -> dict[str, Any]:
   """What a sweep's cells depend on: ``config`` as a JSON-ready dict without

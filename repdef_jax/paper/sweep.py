@@ -85,7 +85,10 @@ def default_config() -> ml_collections.ConfigDict:
                                        "compression": (90.0,),
                                        "dp_gaussian": (1e-2,)}),
       stages=("first", "mid", "final"), batch=4, local_steps=5,
-      attacks=("gs", "gs_mask", "gs_drop", "dlg")))
+      attacks=("gs", "gs_mask", "gs_drop", "dlg"),
+      # Per family, over attack_budgets: a multi-image update needs a
+      # longer attack than a one-image gradient (docs/evaluation.md).
+      budgets=ml_collections.ConfigDict()))
   c.thresholds = (0.1, 0.2, 0.3)  # sensitivity of the verdicts
   c.threshold = 0.2  # SSIM at or below which an image is unrecognisable
   c.success_ssim = 0.6
@@ -98,6 +101,17 @@ def strengths(config: ml_collections.ConfigDict) -> list[tuple[str, float]]:
   for name, values in config.defenses.items():
     out += [(name, float(s)) for s in values]
   return out
+
+
+def budgets(config: ml_collections.ConfigDict, kind: str
+            ) -> dict[str, dict]:
+  """Attack budgets per family of an 'attack' (round-0 one-image) or
+  'update' (real update: ``update_attack.budgets`` over them) cell."""
+  base = config.attack_budgets.to_dict()
+  if kind != "update":
+    return base
+  own = config.update_attack.get("budgets", None)
+  return harness.merge_budgets(base, own.to_dict() if own else None)
 
 
 def update_strengths(config: ml_collections.ConfigDict

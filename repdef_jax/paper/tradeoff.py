@@ -163,7 +163,7 @@ def attack_cell(config, panel: _Panel, defense: str,
                                          k_defense)
   entries, _ = batched.attack_suite(
       panel.model, panel.params0, shared, x, y, panel.attacks, k_attack,
-      budgets=config.attack_budgets.to_dict(), give_labels=config.give_labels)
+      budgets=sweep.budgets(config, "attack"), give_labels=config.give_labels)
   return {"images": [
       {"index": int(panel.indices[i]), "label": int(y[i, 0]),
        **_image_entry(entries[i]),
@@ -217,7 +217,7 @@ def update_cell(config, panel: _Panel, defense: str, strength: float,
   suite = harness.attack_suite(
       panel.model, params, shared, x, y, tuple(ua.attacks),
       jax.random.fold_in(panel.keys.attack, rounds),
-      budgets=config.attack_budgets.to_dict(), give_labels=config.give_labels)
+      budgets=sweep.budgets(config, "update"), give_labels=config.give_labels)
   return {"client": cid, "round": rounds, "labels": y.tolist(),
           **_image_entry(suite),
           **{k: float(v) for k, v in info.items() if k.startswith("defense/")}}
