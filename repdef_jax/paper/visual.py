@@ -162,6 +162,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   os.makedirs(workdir, exist_ok=True)
   cell_dir = os.path.join(workdir, "cells")
   store = harness.CellStore(cell_dir)
+  cell_settings = harness.cell_settings(config, ANALYSIS_KEYS)
   info = data_lib.get_info(config.dataset)
   model = models_lib.get_model(config.model, info.image_shape,
                                info.num_classes, init=config.model_init,
@@ -186,7 +187,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         name, lambda d=d, s=s, keys=keys, params=params, images=images,
         labels=labels, rec_path=rec_path: setting_cell(
             config, model, params, keys, images, labels, d, s, rec_path),
-        progress, harness.cell_settings(config, ANALYSIS_KEYS))
+        progress, cell_settings)
     cells.setdefault((d, s), []).append(cell)
     if seed == int(config.seeds[0]):
       first.setdefault("original", images[:, 0])
