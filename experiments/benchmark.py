@@ -2,9 +2,12 @@ r"""Every benchmark, against PyTorch, in one command: BENCHMARKS.md + JSON.
 
   python -m experiments.benchmark [--quick] [--out_dir=docs/benchmarks]
       [--parts=fedavg,defense,gradients,attack,unit_costs] [--torch_threads=2]
+  python -m experiments.benchmark --render_only   # the page from its JSON
 
-Rows, peers, FLOP counts and the CPU peak: :mod:`experiments.benchmarks`.
-``--quick`` runs small workloads in minutes (indicative only).
+Rows, peers, FLOP counts and the device's peak: :mod:`experiments.benchmarks`.
+``--quick`` runs small workloads in minutes (indicative only). On a GPU
+(``experiments/benchmarks/device_check.sh``) write to ``docs/benchmarks/gpu``;
+the CPU page shows that run as its GPU section.
 """
 
 from absl import app
@@ -21,12 +24,20 @@ def define_flags() -> None:
   flags.DEFINE_list("parts", list(driver.PARTS), "Parts to run.")
   flags.DEFINE_integer("torch_threads", 2, "torch.set_num_threads of the "
                        "PyTorch peers.")
+  flags.DEFINE_bool("render_only", False, "Rewrite BENCHMARKS.md from the "
+                    "JSON in --out_dir (and its gpu/ run); measure nothing.")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   from experiments.benchmarks import driver  # pylint: disable=g-import-not-at-top
+  if FLAGS.render_only:
+    try:
+      driver.render(FLAGS.out_dir)
+    except ValueError as e:
+      raise app.UsageError(str(e)) from None
+    return
   unknown = sorted(set(FLAGS.parts) - set(driver.PARTS))
   if unknown:
     raise app.UsageError(f"--parts: unknown {unknown}; valid: "

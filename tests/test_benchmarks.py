@@ -123,3 +123,65 @@ def test_a_run_of_some_parts_keeps_the_others():
   # A quick run never mixes with a full one.
   quick = _report(("defense",), "q", [("defense", "c")], quick=True)
   assert [r["benchmark"] for r in driver.merge(old, quick)["rows"]] == ["c"]
+
+
+def _full_row(benchmark, ours_s, peer, peer_s):
+  row = dict.fromkeys(ROW_KEYS)
+  row.update(part="fedavg", benchmark=benchmark, config="LeNet CIFAR",
+             ours_s=ours_s, peer=peer, peer_s=peer_s, ratio=peer_s / ours_s)
+  return row
+
+
+def _machine_report(backend, seconds, peer, peer_s, paper_s, preset_h):
+  return {"settings": {"quick": False, "parts": list(driver.PARTS)},
+          "machine": {"backend": backend, "device_kind": backend.upper() + "-x",
+                      "git_commit": backend, "peak": {"how": backend}},
+          "torch": {"version": "t", "device": "cuda" if backend == "gpu"
+                    else "cpu"},
+          "rows": [_full_row("plain FedAvg round", seconds, peer, peer_s)],
+          "paper_scale": [{"setting": "plain", "round_s": paper_s / 200,
+                           "estimate_s": paper_s, "gpu": driver.GPU_NOTE}],
+          "preset_costs": [{"preset": "full", "cells": 1, "cpu_h": preset_h,
+                            "gpu_h": 1.0, "by_model_h": {}}]}
+
+
+def test_a_gpu_run_renders_as_the_gpu_section_of_the_cpu_page(tmp_path):
+  cpu = _machine_report("cpu", 0.4, "torch 2 threads", 0.6, 3600.0, 5000.0)
+  gpu = _machine_report("gpu", 0.01, "torch cuda", 0.05, 600.0, 12.5)
+  driver.write(cpu, str(tmp_path))
+  alone = (tmp_path / "BENCHMARKS.md").read_text()
+  assert "## On one GPU" not in alone and driver.GPU_NOTE in alone
+  driver.write(gpu, str(tmp_path / driver.GPU_DIR))
+  driver.render(str(tmp_path))
+  md = (tmp_path / "BENCHMARKS.md").read_text()
+  section = md.split("## On one GPU")[1].split("\n## ")[0]
+  # GPU time, its CUDA peer, the peer ratio, the CPU time and CPU / GPU.
+  assert ("| plain FedAvg round | LeNet CIFAR | 0.01 | torch cuda | 0.05 | "
+          "5.00x |") in section
+  assert "| 0.4 | 40.00x |" in section
+  # The paper-scale and preset tables take the GPU's measured numbers.
+  assert "| 10.00 min (3.00 s/round, measured) |" in md
+  assert driver.GPU_NOTE not in md
+  assert "| full | 1 | 5000 | - | 1.00 | 12.50 |  |" in md
+  # The GPU page itself has no GPU section.
+  assert "## On one GPU" not in (tmp_path / "gpu" / "BENCHMARKS.md").read_text()
+  with pytest.raises(ValueError, match="--out_dir"):
+    driver.render(str(tmp_path / "nothing"))
+
+
+def test_gpu_peak_from_the_device_kind():
+  assert timing.gpu_peak("NVIDIA H200")["gflops"] == 67e3
+  assert timing.gpu_peak("NVIDIA H100 PCIe")["gflops"] == 51e3  # not SXM's
+  assert timing.gpu_peak("NVIDIA H100 80GB HBM3")["gflops"] == 67e3
+  unknown = timing.gpu_peak("Some GPU")
+  assert unknown["gflops"] is None and "Some GPU" in unknown["how"]
+
+
+def test_peers_run_where_ours_runs():
+  if not HAS_TORCH:
+    pytest.skip("torch not installed")
+  import jax  # pylint: disable=g-import-not-at-top
+  want = "cuda" if jax.default_backend() == "gpu" else "cpu"
+  assert torch_peers.device() == want
+  assert str(torch_peers.labels([1, 2]).device).startswith(want)
+  assert torch_peers.labels([1, 2]).dtype == __import__("torch").int64

@@ -97,7 +97,8 @@ def torch_dlg(bench: timing.Bench):
   y0 = torch_peers._t(rng.normal(size=(1, 10)))  # pylint: disable=protected-access
   step = torch_peers.dlg_runner(net, torch_peers.nchw(meta["x"]), LABEL, x0,
                                 y0, meta["inner_steps"])
-  return lambda: [step() for _ in range(meta["outer_steps"])]
+  return torch_peers.synced(
+      lambda: [step() for _ in range(meta["outer_steps"])])
 
 
 def torch_gs(bench: timing.Bench):
@@ -107,7 +108,8 @@ def torch_gs(bench: timing.Bench):
   net = torch_peers.torch_model(meta["model"], meta["params"])
   x0 = torch_peers.nchw(np.random.default_rng(0).random(np.shape(meta["x"])))
   step = torch_peers.gs_runner(net, torch_peers.nchw(meta["x"]), LABEL, x0)
-  return lambda: [step() for _ in range(meta["iterations"])]
+  return torch_peers.synced(
+      lambda: [step() for _ in range(meta["iterations"])])
 
 
 def dlg_outer_step_seconds(model_name: str, repeats: int = 1,

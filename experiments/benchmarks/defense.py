@@ -68,5 +68,5 @@ def torch_mask(bench: timing.Bench):
   nonzero = np.asarray(jnp.any(
       models.defended_params(model, grads)["kernel"] != 0, axis=1))
   equal = bool(np.array_equal(np.asarray(keep), (keep_t > 0) & nonzero))
-  return (lambda: torch_peers.soteria_mask(net, xt, percent,
-                                           model.score_eps)), equal
+  return torch_peers.synced(lambda: torch_peers.soteria_mask(
+      net, xt, percent, model.score_eps)), equal

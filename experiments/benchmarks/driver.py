@@ -3,8 +3,13 @@
 Each row times one builder of this package with :func:`timing.measure`, its
 peer (PyTorch from the ``[torch]`` extra, or a JAX loop) in the same run,
 and reports the ratio, the target of issue 12, GFLOP/s from the stated FLOP
-count and the fraction of this CPU's peak. Without torch the PyTorch rows
+count and the fraction of the device's peak. Without torch the PyTorch rows
 say so and carry no ratio.
+
+A run on a GPU (``--out_dir=docs/benchmarks/gpu``, the device script
+``experiments/benchmarks/device_check.sh``) times the same rows with the
+peers on the same GPU; the CPU page then renders it as its GPU section
+(:func:`render_markdown`, ``--render_only``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ SETTINGS = {
                                   batches=(10,), attack_models=())),
 }
 GPU_NOTE = "not measured (no GPU lent)"
+GPU_DIR = "gpu"  # the GPU run's report, under the CPU report's folder
 
 # Soteria mask: batch -> target ratio over the PyTorch loop (issue 12).
 MASK_TARGETS = {1: 10.0, 50: 3.0}
@@ -112,9 +118,11 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
   reps = s["repeats"]
   has_torch, torch_version = torch_peers.available()
   threads = torch_peers.set_threads(torch_threads) if has_torch else None
-  tname = f"torch {threads} threads" if has_torch else "torch"
+  on = torch_peers.device() if has_torch else None
+  tname = (("torch cuda" if on == "cuda" else f"torch {threads} threads")
+           if has_torch else "torch")
   load_before = list(os.getloadavg())
-  peak = timing.cpu_peak()["gflops"]
+  peak = timing.peak()["gflops"]
   rows: list[dict[str, Any]] = []
 
   def add(row):
@@ -240,8 +248,8 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
               k: v for k, v in s.items() if k != "unit_costs"}},
           "targets": TARGETS,
           "torch": {"version": torch_version if has_torch else None,
-                    "threads": threads, "note": None if has_torch
-                    else torch_version},
+                    "threads": threads, "device": on, "note": None
+                    if has_torch else torch_version},
           "flop_count": ("XLA cost analysis (2 FLOPs per multiply-add, "
                          "padding taps excluded) of the reference algorithm "
                          "in the direct 'xla' convolution formulation; the "
@@ -298,8 +306,50 @@ def _measured_lines(report: dict[str, Any]) -> list[str]:
       for p, m in measured.items()) + ".", ""]
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-  """BENCHMARKS.md from a report (pure function, no JAX, no I/O)."""
+def _gpu_lines(report: dict[str, Any], gpu: dict[str, Any]) -> list[str]:
+  """The GPU section: a GPU run's rows beside this (CPU) report's."""
+  g, t = gpu.get("machine", {}), gpu.get("torch", {})
+  cpu_rows = {(r["benchmark"], r["config"]): r for r in report.get("rows", [])}
+  lines = [
+      "## On one GPU", "",
+      f"Measured on {g.get('device_kind', '?')} at commit "
+      f"{g.get('git_commit') or '?'} on {g.get('date_utc', '?')} "
+      f"(`experiments/benchmarks/device_check.sh`: `python -m "
+      f"experiments.benchmark --out_dir=docs/benchmarks/{GPU_DIR}`"
+      f"{_parts_flag(gpu)}; its own page: [{GPU_DIR}/BENCHMARKS.md]"
+      f"({GPU_DIR}/BENCHMARKS.md)); JAX {g.get('jax', '?')}, torch "
+      f"{t.get('version') or 'not installed'} on {t.get('device') or '-'}. "
+      f"Peak: {g.get('peak', {}).get('how', '?')}. The peers run on the same "
+      "GPU; ratio = peer time / our time. 'GPU over CPU': our time in the "
+      "table above (this CPU) / our time on the GPU, same workload.", "",
+      "| benchmark | configuration | ours GPU (s) | peer | peer (s) | ratio | "
+      "ours GFLOP/s (of fp32 peak) | compile (s) | ours CPU (s) | GPU over "
+      "CPU | note |",
+      "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in gpu.get("rows", []):
+    c = cpu_rows.get((r["benchmark"], r["config"]), {})
+    over = (c["ours_s"] / r["ours_s"] if c.get("ours_s") and r.get("ours_s")
+            else None)
+    lines.append(
+        f"| {_fmt(r['benchmark'])} | {_fmt(r['config'])} | "
+        f"{_fmt(r['ours_s'])} | {_fmt(r['peer'])} | {_fmt(r['peer_s'])} | "
+        f"{_fmt(r['ratio']) + 'x' if r.get('ratio') is not None else '-'} | "
+        f"{_fmt(r.get('ours_gflops'))} ({_pct(r.get('ours_peak_fraction'))})"
+        f" | {_fmt(r.get('compile_s'))} | {_fmt(c.get('ours_s'))} | "
+        f"{_fmt(over) + 'x' if over is not None else '-'} | "
+        f"{_fmt(r.get('note'))} |")
+  return lines + [""]
+
+
+def render_markdown(report: dict[str, Any],
+                    gpu: dict[str, Any] | None = None) -> str:
+  """BENCHMARKS.md from a report (pure function, no JAX, no I/O).
+
+  Args:
+    report: the run's report (:func:`run`, merged).
+    gpu: a GPU run's report: rendered as its own section, and its paper
+      scale and preset costs fill the 'one GPU' columns.
+  """
   m = report.get("machine", {})
   peak = m.get("peak", {})
   t = report.get("torch", {})
@@ -321,8 +371,9 @@ def render_markdown(report: dict[str, Any]) -> str:
       f"{', ' + str(t.get('threads')) + ' threads (torch.set_num_threads)' if t.get('threads') else ''}"
       f". Load average (1, 5, 15 min) before {_loads(m.get('load_average_before'))}"
       f", after {_loads(m.get('load_average'))} (column 'load': 1-min load "
-      "when the row finished; above 2 other jobs shared these 2 cores): "
-      "ratios (measured back to back) mean more than absolute times.",
+      f"when the row finished; above {m.get('cores', 'the core count')} "
+      "other jobs shared the cores): ratios (measured back to back) mean "
+      "more than absolute times.",
       "",
       f"Peak: {_fmt(peak.get('gflops'))} GFLOP/s fp32 = {peak.get('how', '?')}."
       f" FLOP counts: {report.get('flop_count', '?')}.",
@@ -373,6 +424,9 @@ def render_markdown(report: dict[str, Any]) -> str:
       lines.append(f"| {_fmt(r['benchmark'])} | {_fmt(r['config'])} | {got}"
                    f" | {want} | {'met' if r['met'] else 'NOT met'} |")
     lines.append("")
+  if gpu:
+    lines += _gpu_lines(report, gpu)
+  gpu_paper = {p["setting"]: p for p in (gpu or {}).get("paper_scale", [])}
   paper = report.get("paper_scale")
   if paper:
     lines += [f"## Paper-scale cost ({PAPER_ROUNDS} rounds)", "",
@@ -387,10 +441,13 @@ def render_markdown(report: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|---|"]
     mins = lambda v: _fmt(v / 60.0) if v else "-"
     for p in paper:
+      on_gpu = gpu_paper.get(p["setting"])
+      one_gpu = (f"{mins(on_gpu['estimate_s'])} min ({_fmt(on_gpu['round_s'])}"
+                 " s/round, measured)" if on_gpu else _fmt(p.get("gpu")))
       lines.append(
           f"| {_fmt(p['setting'])} | {_fmt(p['round_s'])} | "
           f"{mins(p['estimate_s'])} | {_fmt(p.get('torch_round_s'))} | "
-          f"{mins(p.get('torch_estimate_s'))} | {_fmt(p.get('gpu'))} | "
+          f"{mins(p.get('torch_estimate_s'))} | {one_gpu} | "
           f"{_fmt(p.get('note'))} |")
     lines.append("")
   unit = report.get("unit_costs")
@@ -415,6 +472,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                    f"{_fmt(unit.get('gs_iteration_s', {}).get(name))} |")
     lines.append("")
   presets = report.get("preset_costs")
+  gpu_presets = {p["preset"]: p for p in (gpu or {}).get("preset_costs") or []}
   if presets:
     lines += ["## Trade-off presets: estimated cost", "",
               "Every planned cell priced from the unit costs above "
@@ -426,24 +484,43 @@ def render_markdown(report: dict[str, Any]) -> str:
               "One GPU: FLOPs of each step and attack iteration at "
               f"{presets[0].get('gpu_model', '?')} "
               "(`repdef_jax.paper.cost.gpu_seconds`; a model, not a "
-              "measurement: no GPU was lent).", "",
+              "measurement). 'one GPU, unit costs': the same plan priced "
+              "from the unit costs measured on the GPU section's GPU ('-': "
+              "no GPU run).", "",
               "| preset | cells | this CPU (h) | measured (h) | one GPU, "
-              "modelled (h) | CPU h by model |", "|---|---|---|---|---|---|"]
+              "modelled (h) | one GPU, unit costs (h) | CPU h by model |",
+              "|---|---|---|---|---|---|---|"]
     for p in presets:
       by = "; ".join(f"{k} {_fmt(v)}" for k, v in
                      sorted(p["by_model_h"].items()))
+      on_gpu = gpu_presets.get(p["preset"], {}).get("cpu_h")
       lines.append(f"| {p['preset']} | {p['cells']} | {_fmt(p['cpu_h'])} | "
                    f"{_fmt(p.get('measured_h'))} | {_fmt(p['gpu_h'])} | "
-                   f"{by} |")
+                   f"{_fmt(on_gpu)} | {by} |")
   return "\n".join(lines) + "\n"
 
 
 def write(report: dict[str, Any], out_dir: str) -> None:
-  """Writes benchmarks.json and BENCHMARKS.md atomically."""
+  """Writes benchmarks.json and BENCHMARKS.md atomically; a CPU report's
+  page includes the GPU report of ``out_dir/gpu`` when there is one."""
   os.makedirs(out_dir, exist_ok=True)
   storage.write_json(os.path.join(out_dir, "benchmarks.json"), report)
+  gpu = None
+  if report.get("machine", {}).get("backend") == "cpu":
+    gpu = storage.read_json(os.path.join(out_dir, GPU_DIR, "benchmarks.json"))
   storage.write_text(os.path.join(out_dir, "BENCHMARKS.md"),
-                     render_markdown(report))
+                     render_markdown(report, gpu))
+
+
+def render(out_dir: str) -> None:
+  """Rewrites ``out_dir``'s BENCHMARKS.md from its JSON (and its GPU run's)
+  without measuring anything."""
+  report = storage.read_json(os.path.join(out_dir, "benchmarks.json"))
+  if report is None:
+    raise ValueError(f"--out_dir: no benchmarks.json in {out_dir!r}; run "
+                     "the benchmarks first.")
+  write(report, out_dir)
+  print(f"rendered {out_dir}/BENCHMARKS.md")
 
 
 def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:

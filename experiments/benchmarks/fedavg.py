@@ -111,21 +111,19 @@ def build_round(model_name: str = "lenet",
 
 def torch_round(bench: timing.Bench):
   """The PyTorch peer of :func:`build_round` (same model, params, shapes)."""
-  import torch  # pylint: disable=g-import-not-at-top
   from experiments.benchmarks import torch_peers  # pylint: disable=g-import-not-at-top
   state, data = bench.args[0], bench.args[1]
   model = bench.meta["model"]
   batch_size, defense_percent = bench.meta["batch"], bench.meta[
       "defense_percent"]
   net = torch_peers.torch_model(model, state.params)
-  clients = [(torch_peers.nchw(data.x[k]),
-              torch.tensor(np.asarray(data.y[k])).long())
+  clients = [(torch_peers.nchw(data.x[k]), torch_peers.labels(data.y[k]))
              for k in range(data.x.shape[0])]
   eps = model.score_eps
   steps = bench.meta.get("local_steps")
-  return lambda: torch_peers.fedavg_round(net, clients, batch_size, 0.01,
-                                          defense_percent, eps,
-                                          local_steps=steps)
+  return torch_peers.synced(lambda: torch_peers.fedavg_round(
+      net, clients, batch_size, 0.01, defense_percent, eps,
+      local_steps=steps))
 
 
 # The paper's MNIST setting (issue 12): 100 devices x 2 classes x 100

@@ -43,9 +43,9 @@ def jax_loop(bench: timing.Bench):
 
 def torch_loop(bench: timing.Bench):
   """PyTorch's loop of single-example backward passes."""
-  import torch  # pylint: disable=g-import-not-at-top
   from experiments.benchmarks import torch_peers  # pylint: disable=g-import-not-at-top
   params, x, y = bench.args
   net = torch_peers.torch_model(bench.meta["model"], params)
-  xt, yt = torch_peers.nchw(x), torch.tensor(jax.device_get(y)).long()
-  return lambda: torch_peers.per_example_grads(net, xt, yt)
+  xt, yt = torch_peers.nchw(x), torch_peers.labels(jax.device_get(y))
+  return torch_peers.synced(lambda: torch_peers.per_example_grads(net, xt,
+                                                                  yt))

@@ -13,7 +13,8 @@
 * :func:`cpu_peak` states this CPU's fp32 peak: 2 FMA pipes x 8 fp32 lanes
   x 2 FLOPs per FMA = 32 FLOPs per cycle per core (AVX2 + FMA; AMD Zen 2-4),
   times the clock (``/proc/cpuinfo`` / ``lscpu``), times the cores this
-  process may use.
+  process may use. :func:`peak` is that on CPU and, on a GPU, its
+  datasheet fp32 peak (:data:`GPU_FP32_TFLOPS`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ import jax
 
 _MIB = 1024.0 * 1024.0
 FLOPS_PER_CYCLE = 32  # 2 FMA pipes x 8 fp32 lanes x 2 (AVX2 + FMA).
+# Dense fp32 peak on the CUDA cores (no tensor cores), TFLOP/s, NVIDIA's
+# datasheets; matched against JAX's device_kind, first match wins.
+GPU_FP32_TFLOPS = (("H200", 67.0), ("H100 PCIe", 51.0), ("H100", 67.0),
+                   ("A100", 19.5), ("L40S", 91.6), ("L4", 30.3),
+                   ("A10G", 31.2), ("V100", 15.7), ("T4", 8.1))
 
 
 @dataclasses.dataclass
@@ -235,6 +241,31 @@ def cpu_peak() -> dict[str, Any]:
   }
 
 
+def gpu_peak(kind: str) -> dict[str, Any]:
+  """fp32 peak GFLOP/s of a GPU named ``kind`` (JAX's ``device_kind``)."""
+  tflops = next((t for name, t in GPU_FP32_TFLOPS if name in kind), None)
+  if tflops is None:
+    return {"gflops": None, "how": f"unknown fp32 peak for {kind!r}"}
+  return {"gflops": tflops * 1e3, "device_kind": kind,
+          "how": (f"{kind}: {tflops:g} TFLOP/s fp32 on the CUDA cores "
+                  "(NVIDIA datasheet, dense). Float32 convolutions and "
+                  "matmuls may run on TF32 tensor cores (both libraries' "
+                  "defaults allow it for convolutions), whose peak is "
+                  "several times higher, so a fraction above 100 % is "
+                  "possible")}
+
+
+def peak() -> dict[str, Any]:
+  """The peak of the device JAX computes on: :func:`cpu_peak` on CPU,
+  :func:`gpu_peak` on a GPU; unknown elsewhere (TPU)."""
+  backend = jax.default_backend()
+  if backend == "cpu":
+    return cpu_peak()
+  if backend == "gpu":
+    return gpu_peak(jax.devices()[0].device_kind)
+  return {"gflops": None, "how": f"peak not stated for backend {backend}"}
+
+
 def machine_info() -> dict[str, Any]:
   """CPU, cores, load, versions, backend, git commit and date."""
   import jaxlib  # pylint: disable=g-import-not-at-top
@@ -250,6 +281,9 @@ def machine_info() -> dict[str, Any]:
         cwd=os.path.dirname(os.path.abspath(__file__))).stdout
   except (OSError, subprocess.SubprocessError):
     commit, dirty = None, ""
+  # A copy without .git (the device machine) names its commit in the
+  # environment.
+  commit = commit or os.environ.get("REPDEF_GIT_COMMIT")
   return {
       "cpu": _cpuinfo("model name") or platform.processor() or "unknown",
       "cpu_family": _cpuinfo("cpu family"),
@@ -260,11 +294,12 @@ def machine_info() -> dict[str, Any]:
       "jax": jax.__version__, "jaxlib": jaxlib.__version__,
       "backend": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()],
+      "device_kind": jax.devices()[0].device_kind,
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "git_commit": commit or None,
       "tracked_files_modified": bool(dirty),
       "modified_files": [l[3:] for l in dirty.splitlines()],
-      "peak": cpu_peak(),
+      "peak": peak(),
       "peak_rss_mib": resource.getrusage(
           resource.RUSAGE_SELF).ru_maxrss / 1024.0,
       "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(

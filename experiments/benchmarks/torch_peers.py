@@ -2,7 +2,8 @@
 
 Every peer runs the same model with the same parameters (copied from the
 flax tree) on the same shapes, with ``torch.set_num_threads(threads)``
-(default 2, stated in every row). They are the plain PyTorch ways:
+(default 2, stated in every row), on the device ours runs on (:func:`device`:
+CUDA when JAX's backend is a GPU). They are the plain PyTorch ways:
 
 * FedAvg round: a Python loop over clients; each copies the global weights
   and runs ``torch.optim.SGD`` over its minibatches; the server averages the
@@ -17,11 +18,16 @@ flax tree) on the same shapes, with ``torch.set_num_threads(threads)``
 * Per-example gradients: a loop of single-example backward passes.
 * DLG: ``torch.optim.LBFGS(lr=1, history_size=100, max_iter=20)`` on the
   gradient-matching loss; GS: Adam on the cosine loss + total variation.
+
+On CUDA every peer callable ends with ``torch.cuda.synchronize()``
+(:func:`synced`), as ours ends with ``jax.block_until_ready``; each library
+keeps its default float32 precision (JAX lets XLA use TF32 tensor cores for
+float32 convolutions and matmuls on GPU, PyTorch lets cuDNN use them for
+convolutions, not for matmuls).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -46,9 +52,36 @@ def set_threads(threads: int) -> int:
   return torch.get_num_threads()
 
 
-def _t(a):
+def device() -> str:
+  """'cuda' when JAX computes on a GPU and torch sees one, else 'cpu'."""
+  import jax  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
-  return torch.tensor(np.asarray(a, np.float32).copy())
+  return ("cuda" if jax.default_backend() == "gpu"
+          and torch.cuda.is_available() else "cpu")
+
+
+def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
+  """``fn`` that returns only when the device's queued work is done."""
+  if device() != "cuda":
+    return fn
+  import torch  # pylint: disable=g-import-not-at-top
+
+  def call():
+    out = fn()
+    torch.cuda.synchronize()
+    return out
+
+  return call
+
+
+def _t(a, dtype=np.float32):
+  import torch  # pylint: disable=g-import-not-at-top
+  return torch.tensor(np.asarray(a, dtype).copy(), device=device())
+
+
+def labels(y) -> Any:
+  """Integer labels -> an int64 torch tensor on the peers' device."""
+  return _t(y, np.int64)
 
 
 def torch_model(model: Any, params: Any):
@@ -123,7 +156,7 @@ def torch_model(model: Any, params: Any):
     def forward(self, x):
       return self.head(self.features(x))
 
-  return Net()
+  return Net().to(device())
 
 
 def nchw(x) -> Any:
@@ -141,14 +174,14 @@ def soteria_mask(net, x, percent: float, eps: float = 0.0):
   x = x.detach().clone().requires_grad_(True)
   r = net.features(x)
   b, f = r.shape
-  scores = torch.zeros(f)
+  scores = torch.zeros(f, device=x.device)
   cot = torch.zeros_like(r)
   for i in range(f):
     cot.zero_()
     cot[:, i] = 1.0
     (dx,) = torch.autograd.grad(r, x, cot, retain_graph=True)
     scores[i] = torch.sum(dx.reshape(b, -1).norm(dim=1) / (r[:, i] + eps))
-  scores = scores.detach().numpy()
+  scores = scores.detach().cpu().numpy()
   keep = (scores >= np.percentile(scores, percent)).astype(np.float32)
   return keep, scores
 
@@ -190,7 +223,7 @@ def fedavg_round(net, clients: list[tuple[Any, Any]], batch_size: int,
       loss_fn(local(xb), yb).backward()
       if defense_percent is not None:
         keep, _ = soteria_mask(local, xb, defense_percent, eps)
-        local.head.weight.grad *= torch.tensor(keep)[None, :]
+        local.head.weight.grad *= _t(keep)[None, :]
       opt.step()
     for k, v in local.state_dict().items():
       total[k] += v - global_state[k]
@@ -219,7 +252,7 @@ def dlg_runner(net, x_true, label: int, x0, y0, inner_steps: int = 20
                ) -> Callable[[], float]:
   """A callable running one DLG outer L-BFGS step (``inner_steps`` iters)."""
   import torch  # pylint: disable=g-import-not-at-top
-  onehot = torch.nn.functional.one_hot(torch.tensor([label]),
+  onehot = torch.nn.functional.one_hot(labels([label]),
                                        net.head.out_features).float()
   true_grads = [g.detach() for g in torch.autograd.grad(
       _ce_soft(net(x_true), onehot), list(net.parameters()))]
@@ -245,7 +278,7 @@ def gs_runner(net, x_true, label: int, x0, tv_weight: float = 1e-4,
               lr: float = 0.1) -> Callable[[], None]:
   """A callable running one GS iteration (Adam on the sign of the gradient)."""
   import torch  # pylint: disable=g-import-not-at-top
-  y = torch.tensor([label])
+  y = labels([label])
   loss_fn = torch.nn.CrossEntropyLoss()
   params = list(net.parameters())
   true_grads = [g.detach() for g in torch.autograd.grad(
@@ -270,14 +303,3 @@ def gs_runner(net, x_true, label: int, x0, tv_weight: float = 1e-4,
       dx.clamp_(0, 1)
 
   return step
-
-
-def time_calls(fn: Callable[[], Any], repeats: int) -> float:
-  """Median seconds of ``fn()`` after one warm-up call."""
-  fn()
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
