@@ -216,6 +216,38 @@ def test_claims_are_inconclusive_when_attacks_fail_undefended():
                             "reported"), c
 
 
+def _update_stage(ssims, success_ssim=0.6):
+  """An update stage's per-attack summary from its images' best SSIMs."""
+  images = [_image({"gs": v}) for v in ssims]
+  return tradeoff.summarize_point([], images, ("gs",),
+                                  success_ssim)["per_attack"]
+
+
+def test_update_claims_follow_the_rules():
+  config = tradeoff_cfg.get_config("tiny")
+  undefended = {"first": _update_stage([0.1, 0.2, 0.7, 0.3]),  # rate 0.25
+                "final": _update_stage([0.9, 0.8, 0.7, 0.95])}
+  panel = {"model": "m", "dataset": "d", "updates": {
+      "none/0": undefended,
+      "soteria/40": {"first": _update_stage([0.05, 0.1, 0.08, 0.12]),
+                     "final": _update_stage([0.5, 0.6, 0.55, 0.45])},
+      "soteria/80": {"first": _update_stage([0.05, 0.06, 0.07, 0.05]),
+                     "final": _update_stage([0.05, 0.06, 0.07, 0.05])},
+      "compression/90": {"final": _update_stage([0.1, 0.1, 0.1, 0.1])}}}
+  claims = {c["claim"]: c for c in tradeoff.update_claims("p", panel, config)}
+  name = "p (m/d): Soteria {} % makes a client's real update unrecognisable " \
+         "({} stage)"
+  assert set(claims) == {name.format(s, st) for s in ("40", "80")
+                         for st in ("first", "final")}  # Soteria only
+  # Low SSIM where the attacks fail undefended decides nothing.
+  assert claims[name.format("40", "first")]["verdict"] == (
+      "inconclusive (attacks fail undefended)")
+  final40 = claims[name.format("40", "final")]
+  assert final40["value"] == pytest.approx(0.525)
+  assert final40["verdict"] == "did not hold"
+  assert claims[name.format("80", "final")]["verdict"] == "held"
+
+
 def test_every_defense_at_a_strong_setting_degrades_the_best_attack():
   """Undefended, iDLG and GS reconstruct the leakage CNN's one-image
   gradient; each defense at a strong setting raises the best-of clamped

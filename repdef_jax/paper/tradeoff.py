@@ -419,6 +419,33 @@ def panel_claims(name: str, panel: dict[str, Any], config) -> list[dict]:
   return claims
 
 
+def update_claims(name: str, panel: dict[str, Any], config) -> list[dict]:
+  """Soteria on a client's real update: per attacked Soteria strength and
+  training stage, the best-of-suite SSIM against "unrecognisable"."""
+  where = f"{name} ({panel['model']}/{panel['dataset']})"
+  ua, t = config.update_attack, config.threshold
+  undefended = panel["updates"].get("none/0", {})
+  claims = []
+  for cell, stages in panel["updates"].items():
+    defense, strength = cell.split("/")
+    if defense != "soteria":
+      continue
+    for stage, per in stages.items():
+      base = undefended.get(stage, {}).get("best", {}).get("success_rate")
+      ssim = per["best"]["ssim"]
+      claims.append(stats.claim(
+          f"{where}: Soteria {strength} % makes a client's real update "
+          f"unrecognisable ({stage} stage)", f"unrecognisable (SSIM <= {t})",
+          f"best-of-attacks SSIM of each update ({ua.batch} images, "
+          f"{ua.local_steps} local steps; mean over its matched images, "
+          "[0,1] pixels, clamped), mean and t interval over seeds",
+          ssim["mean"], ssim["low"], ssim["high"],
+          target=t, higher_holds=False, rule=f"interval high <= {t}",
+          verdict_override=None if (base or 0.0) >= 0.5 else
+          "inconclusive (attacks fail undefended)"))
+  return claims
+
+
 def analyse(config, cells: list[tuple[dict, dict]]) -> dict[str, Any]:
   """Every panel's points, curves and statistics from the finished cells."""
   panels = {}
@@ -530,7 +557,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "config": config.to_dict(),
       "pixel_space": "[0,1] (model input space; no normalisation)",
       "claims": [c for name, p in panels.items()
-                 for c in panel_claims(name, p, config)],
+                 for c in (*panel_claims(name, p, config),
+                           *update_claims(name, p, config))],
       "tables": tables(panels),
       "panels": panels,
       "seconds": time.perf_counter() - start,
