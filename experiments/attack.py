@@ -17,6 +17,7 @@ main = config_entry.make_main(
                "init": models.INITS, "attack": attacks.ATTACK_NAMES,
                "defense": defenses.DEFENSE_NAMES, "strength": None,
                "num_images": None, "seed": None, "iterations": None,
+               "dlg_optimizer": attacks.DLG_OPTIMIZERS,
                "images": None},
     default_workdir="./runs/attack")
 

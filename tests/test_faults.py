@@ -122,14 +122,15 @@ def test_main_job_resume_keeps_finished_images_untouched(mock_env,
 
 
 def test_main_job_records_diverged_attack_and_goes_on(mock_env, monkeypatch):
-  """A diverging DLG: every image recorded diverged=True, run completes."""
+  """A diverging DLG: every image recorded diverged=True, run completes
+  (the paper's L-BFGS rule: a line search would reject the bad steps)."""
   monkeypatch.setattr(
       harness, "attack_overrides",
       lambda attack, iterations=None, restarts=None: {
           "outer_steps": 2, "inner_steps": 2, "max_abs_pixel": 1e-3})
   workdir = str(mock_env / "div")
-  res = attack_main.run({**MAIN, "attack": "dlg", "num_images": 2}, workdir,
-                        verbose=False)
+  res = attack_main.run({**MAIN, "attack": "dlg", "num_images": 2,
+                         "dlg_optimizer": "torch"}, workdir, verbose=False)
   assert len(res["images"]) == 2
   for e in res["images"]:
     assert e["undefended"]["diverged"] is True

@@ -42,6 +42,7 @@ from repdef_jax.attacks import inverting
 from repdef_jax.attacks.dlg import dlg as dlg_attack
 from repdef_jax.attacks.dlg import dlg_batch
 from repdef_jax.attacks.dlg import DLGConfig
+from repdef_jax.attacks.dlg import OPTIMIZERS as DLG_OPTIMIZERS
 from repdef_jax.attacks.inverting import box_from_normalization
 from repdef_jax.attacks.inverting import GSConfig
 from repdef_jax.attacks.inverting import inverting_gradients
@@ -164,6 +165,7 @@ def run_batch(attack: str | Attack, model, params, shared_batch,
 
 __all__ = [
     "ATTACKS", "ATTACK_NAMES", "Attack", "AttackResult", "DLGConfig",
+    "DLG_OPTIMIZERS",
     "GSConfig", "GradientView", "box_from_normalization", "cosine_distance",
     "dlg", "dlg_attack", "get_attack", "infer_labels", "inverting",
     "inverting_gradients", "l2_distance",

@@ -136,8 +136,8 @@ def check_config(config: DLGConfig) -> None:
     raise ValueError(f"learning_rate must be a finite number > 0; got "
                      f"{lr!r}.")
   if config.optimizer not in OPTIMIZERS:
-    raise ValueError(f"optimizer must be 'torch' or 'optax' (no line search)"
-                     f" or 'linesearch'; got {config.optimizer!r}.")
+    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got "
+                     f"{config.optimizer!r}.")
 
 
 def dlg(model: models_lib.Model, params: Params, shared_grads: Params,

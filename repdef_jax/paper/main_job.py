@@ -51,6 +51,10 @@ DEFAULT_CONFIG = {
     "num_images": 3,
     "seed": 0,
     "iterations": None,
+    # DLG-type attacks: L-BFGS with a backtracking line search. The paper's
+    # rule ('torch': torch.optim.LBFGS without line search) diverges on two
+    # of the three default images undefended (docs/main_job.md).
+    "dlg_optimizer": "linesearch",
     "data_dir": None,
     "images": None,
 }
@@ -96,6 +100,10 @@ def validate_config(config: Any) -> dict:
     raise ValueError("num_images must be >= 1.")
   if config["iterations"] is not None and int(config["iterations"]) < 1:
     raise ValueError("iterations must be >= 1.")
+  if config["dlg_optimizer"] not in attacks.DLG_OPTIMIZERS:
+    raise ValueError(f"dlg_optimizer must be one of "
+                     f"{', '.join(attacks.DLG_OPTIMIZERS)}; got "
+                     f"{config['dlg_optimizer']!r}.")
   config["strength"] = float(config["strength"])
   config["data_dir"] = config["data_dir"] or None
   config["images"] = config["images"] or None
@@ -132,13 +140,15 @@ def progress_every(attack: str, iterations: int | None,
 def attack_image(model: models.Model, params: Any, attack: str,
                  defense: defenses.Defense, x: jax.Array, y: jax.Array,
                  key_attack: jax.Array, key_defense: jax.Array,
-                 iterations: int | None, every: int = 0
+                 iterations: int | None, every: int = 0,
+                 dlg_optimizer: str = "linesearch"
                  ) -> tuple[dict, dict, np.ndarray, np.ndarray]:
   """Attacks one image's gradient without and with the defense.
 
   Both runs start from the same dummy (same ``key_attack``); with
   ``every > 0`` each prints a progress line every ``every`` iterations
-  (:mod:`repdef_jax.attacks.progress`).
+  (:mod:`repdef_jax.attacks.progress`); a DLG-type attack runs
+  ``dlg_optimizer`` (:data:`repdef_jax.attacks.DLG_OPTIMIZERS`).
 
   Returns:
     ``(undefended, defended, x_undefended, x_defended)``: metric dicts and
@@ -146,11 +156,14 @@ def attack_image(model: models.Model, params: Any, attack: str,
   """
   grads, shared, info = harness.defend(model, params, defense, x, y,
                                        key_defense)
+  overrides = {"progress_every": every} if every else {}
+  if attacks.get_attack(attack).config_cls is attacks.DLGConfig:
+    overrides["optimizer"] = dlg_optimizer
   out, recs = [], []
   for g in (grads, shared):
     m, x_rec = harness.attack_gradient(
         model, params, g, x, y, attack, key_attack, iterations=iterations,
-        overrides={"progress_every": every} if every else None)
+        overrides=overrides)
     entry = {k: m[k] for k in _KEPT}
     entry["label_correct"] = m["label_accuracy"] == 1.0
     out.append(entry)
@@ -395,7 +408,7 @@ def run(config: Any, workdir: str, verbose: bool = True) -> dict:
             model, params, config["attack"], defense, x, y,
             jax.random.fold_in(keys.attack, idx),
             jax.random.fold_in(keys.defense, idx), config["iterations"],
-            every)
+            every, config["dlg_optimizer"])
         entry = {"index": idx, "label": int(labels[idx]), **extra.get(idx, {}),
                  "undefended": und, "defended": dfd}
       except (ValueError, FloatingPointError) as e:
