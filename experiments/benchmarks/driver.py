@@ -489,8 +489,9 @@ def render_markdown(report: dict[str, Any],
               f"{presets[0].get('gpu_model', '?')} "
               "(`repdef_jax.paper.cost.gpu_seconds`; a model, not a "
               "measurement). 'one GPU, unit costs': the same plan priced "
-              "from the unit costs measured on the GPU section's GPU ('-': "
-              "no GPU run).", "",
+              "from the unit costs measured on the GPU section's GPU, one "
+              "client step at a time (an upper bound there: a GPU round runs "
+              "its clients at once; '-': no GPU run).", "",
               "| preset | cells | this CPU (h) | measured (h) | one GPU, "
               "modelled (h) | one GPU, unit costs (h) | CPU h by model |",
               "|---|---|---|---|---|---|---|"]
