@@ -40,23 +40,24 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
   """'quick', 'medium', 'full' or 'tiny'."""
   c = sweep.default_config()
   if preset == "medium":
-    # What decides on a 2-core CPU in a few hours: the paper's MNIST split
-    # and FedAvg (100 devices x 2 classes x 100, 10 per round, 5 local steps of
-    # batch 10), 3 seeds, 8 images per point. Two panels: the
-    # defense-favourable leakage CNN (50 rounds) and DLG's LeNet, the
-    # paper's model, for 80 rounds at lr 0.2 instead of 200 (measured
-    # undefended on seeds 0-2: 0.68-0.86 at round 80 with lr 0.2; with lr
-    # 0.1 some seeds only take off after round 60; 0.3 and 0.5 are slower):
-    # a defended LeNet round (Soteria at every local step) costs ~6 s on
-    # this CPU, so its 15 Soteria cells take ~2 h. ConvNet cells take days
-    # here (unit costs in docs/benchmarks) and run in `full`; LeNet5 is
-    # attacked at initialisation and after training in the adaptive part.
+    # What decides on a 2-core CPU (in about a day for this part): the
+    # paper's MNIST split and FedAvg (100 devices x 2 classes x 100, 10 per
+    # round, 5 local steps of batch 10), 3 seeds, 8 images per point. Two
+    # panels: the defense-favourable leakage CNN (50 rounds) and DLG's
+    # LeNet, the paper's model, for the paper's 200 rounds at lr 0.2 (80
+    # rounds left LeNet at chance on seeds where it takes off late: rounds
+    # 17-98 over 13 seeds, docs/results/lenet_takeoff; lr 0.1 takes off
+    # later, 0.3 and 0.5 are slower): a defended LeNet round (Soteria at
+    # every local step) costs ~6 s on this CPU, so its 15 Soteria cells take
+    # ~5 h. ConvNet cells take days here (unit costs in docs/benchmarks) and
+    # run in `full`; LeNet5 is attacked at initialisation and after
+    # training in the adaptive part.
     c.panels = ml_collections.ConfigDict({
         "leakage_mnist": _panel("mnist", "leakage", DLG_SUITE,
                                 client_lr=0.05, rounds=50),
         "lenet_mnist": _panel("mnist", "lenet", DLG_SUITE,
                               model_init="uniform", client_lr=0.2,
-                              rounds=80),
+                              rounds=200),
     })
     c.defenses = ml_collections.ConfigDict({
         "soteria": (20., 40., 60., 80., 95.),
