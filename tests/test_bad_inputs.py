@@ -382,7 +382,7 @@ CASES = [
          match="takes a DLGConfig"),
     Case("attack: unknown L-BFGS optimizer",
          lambda e: _attack(e, optimizer="sgd", outer_steps=1, inner_steps=1),
-         match="optimizer must be 'torch' or 'optax'"),
+         match="optimizer must be one of torch, linesearch, optax"),
     Case("attack: outer_steps 0", lambda e: _attack(e, outer_steps=0),
          error=(ValueError,), match="outer_steps"),
     Case("attack: outer_steps -1", lambda e: _attack(e, outer_steps=-1),
