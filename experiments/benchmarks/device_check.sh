@@ -2,18 +2,21 @@
 # The GPU checks of issues 12 and 13 in one call of a lent device machine:
 # the benchmark table with PyTorch peers on the same GPU (the GPU section of
 # docs/benchmarks/BENCHMARKS.md), unit costs (the `full` preset priced from
-# GPU measurements) and the notebooks' GPU path.
+# GPU measurements), the equivalence tests on the GPU and the notebooks' GPU
+# path.
 #
 #   REPDEF_GIT_COMMIT=$(git rev-parse --short HEAD) \
 #       bash experiments/benchmarks/device_check.sh [SECONDS]
 #
-# Run from the repository root. SECONDS (default 480) bounds the whole
-# script; each part gets what is left, in order of value, and every finished
-# part is already in the report (the benchmark merges parts), so a part cut
-# short loses only itself. Writes under $OUT (default ./device_out):
+# Run from the repository root. SECONDS (default 420) bounds the whole
+# script: with a machine's start that is ~10 of a session's 15 device
+# minutes, leaving room to rerun a part that failed (give the device call a
+# timeout of SECONDS + 60). Each part gets what is left, in order of value,
+# and every finished part is already in the report (the benchmark merges
+# parts), so a part cut short loses only itself. Writes under $OUT (default ./device_out):
 # gpu/benchmarks.json and gpu/BENCHMARKS.md (copy both to docs/benchmarks/gpu/
 # and run `python -m experiments.benchmark --render_only` on the CPU
-# machine), gpu/benchmark.log and gpu/notebooks.log.
+# machine), gpu/benchmark.log, gpu/tests.log and gpu/notebooks.log.
 #
 # DEVICE_CHECK_FLAGS adds benchmark flags; a rehearsal of the script on a
 # CPU machine: OUT=/tmp/dc DEVICE_CHECK_FLAGS=--quick
@@ -27,7 +30,7 @@
 # and name .whl in the device call's carry.
 set -uo pipefail
 out=${OUT:-device_out}
-budget=${1:-480}
+budget=${1:-420}
 end=$((SECONDS + budget))
 mkdir -p "$out/gpu"
 log="$out/gpu/benchmark.log"
@@ -53,6 +56,21 @@ for part in fedavg defense unit_costs attack gradients; do
   timeout "$(left)" python3 -m experiments.benchmark --out_dir="$out/gpu" \
       --parts="$part" ${DEVICE_CHECK_FLAGS:-} 2>&1 | tee -a "$log"
 done
+
+# The library's GPU path ('xla' convolutions, clients all at once) under the
+# equivalence tests, float32 at full precision (JAX's default TF32 on GPU
+# would miss the CPU tolerances for reasons of precision, not logic).
+tests=${DEVICE_CHECK_TESTS:-tests/test_models.py tests/test_soteria.py \
+tests/test_fedavg.py tests/test_gradients.py tests/test_attacks_batch.py}
+if [ "$(left)" -ge 60 ]; then
+  echo "[device_check] tests ($(left) s left)" | tee "$out/gpu/tests.log"
+  # shellcheck disable=SC2086
+  JAX_PLATFORMS=cuda,cpu JAX_DEFAULT_MATMUL_PRECISION=highest \
+      timeout "$(left)" python3 -m pytest -q --maxfail=10 -p no:cacheprovider \
+      $tests 2>&1 | tee -a "$out/gpu/tests.log"
+else
+  echo "[device_check] tests skipped: out of time" | tee "$out/gpu/tests.log"
+fi
 
 # The notebooks as a user runs them on a GPU (their defaults, not TINY): code
 # cells in order, in one namespace; the install cell finds the checkout.
