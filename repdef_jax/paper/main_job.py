@@ -141,7 +141,7 @@ def attack_image(model: models.Model, params: Any, attack: str,
                  defense: defenses.Defense, x: jax.Array, y: jax.Array,
                  key_attack: jax.Array, key_defense: jax.Array,
                  iterations: int | None, every: int = 0,
-                 dlg_optimizer: str = "linesearch"
+                 dlg_optimizer: str = DEFAULT_CONFIG["dlg_optimizer"]
                  ) -> tuple[dict, dict, np.ndarray, np.ndarray]:
   """Attacks one image's gradient without and with the defense.
 
