@@ -13,13 +13,15 @@
 # minutes, leaving room to rerun a part that failed (give the device call a
 # timeout of SECONDS + 60). Each part gets what is left, in order of value,
 # and every finished part is already in the report (the benchmark merges
-# parts), so a part cut short loses only itself. Writes under $OUT (default ./device_out):
-# gpu/benchmarks.json and gpu/BENCHMARKS.md (copy both to docs/benchmarks/gpu/
-# and run `python -m experiments.benchmark --render_only` on the CPU
-# machine), gpu/benchmark.log, gpu/tests.log and gpu/notebooks.log.
+# parts), so a part cut short loses only itself. Writes under $OUT (default
+# ./device_out): gpu/benchmarks.json and gpu/BENCHMARKS.md (copy both to
+# docs/benchmarks/gpu/ and run `python -m experiments.benchmark
+# --render_only` on the CPU machine), gpu/benchmark.log, gpu/tests.log and
+# gpu/notebooks.log.
 #
-# DEVICE_CHECK_FLAGS adds benchmark flags; a rehearsal of the script on a
-# CPU machine: OUT=/tmp/dc DEVICE_CHECK_FLAGS=--quick
+# DEVICE_CHECK_FLAGS adds benchmark flags, DEVICE_CHECK_TESTS replaces the
+# test files; a rehearsal on a CPU machine: OUT=/tmp/dc
+# DEVICE_CHECK_FLAGS=--quick DEVICE_CHECK_TESTS=tests/test_gradients.py
 # REPDEF_JAX_NOTEBOOK_TINY=1 bash experiments/benchmarks/device_check.sh 300
 #
 # Packages the machine's image lacks (it has jax with CUDA, flax, optax,
