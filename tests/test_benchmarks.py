@@ -185,3 +185,29 @@ def test_peers_run_where_ours_runs():
   assert torch_peers.device() == want
   assert str(torch_peers.labels([1, 2]).device).startswith(want)
   assert torch_peers.labels([1, 2]).dtype == __import__("torch").int64
+
+
+@pytest.mark.slow
+def test_device_check_script_rehearsed_on_cpu(tmp_path):
+  """experiments/benchmarks/device_check.sh end to end on this CPU (quick
+  workloads, one test file, tiny notebooks): every part lands in one merged
+  report and the logs show the tests and each notebook ran (~2 min)."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "OUT": str(tmp_path), "DEVICE_CHECK_FLAGS": "--quick",
+         "DEVICE_CHECK_TESTS": "tests/test_stats.py",
+         "REPDEF_JAX_NOTEBOOK_TINY": "1"}
+  proc = subprocess.run(
+      ["bash", "experiments/benchmarks/device_check.sh", "600"], cwd=root,
+      env=env, capture_output=True, text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  gpu = tmp_path / driver.GPU_DIR
+  with open(gpu / "benchmarks.json", encoding="utf-8") as f:
+    report = json.load(f)
+  assert report["settings"]["parts"] == list(driver.PARTS)
+  assert set(report["measured"]) == set(driver.PARTS)
+  assert " passed" in (gpu / "tests.log").read_text()
+  notebooks = (gpu / "notebooks.log").read_text()
+  assert notebooks.count("[device_check] colab/") == 3
+  assert "Traceback" not in notebooks
