@@ -28,11 +28,11 @@ convolutions, not for matmuls).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
 
-_THREADS_NOTE = "torch.set_num_threads({})"
 
 
 def available() -> tuple[bool, str]:
@@ -52,8 +52,11 @@ def set_threads(threads: int) -> int:
   return torch.get_num_threads()
 
 
+@functools.lru_cache(maxsize=None)
 def device() -> str:
-  """'cuda' when JAX computes on a GPU and torch sees one, else 'cpu'."""
+  """'cuda' when JAX computes on a GPU and torch sees one, else 'cpu' (asked
+  once per process: every tensor a peer makes, timed loops included, reads
+  it)."""
   import jax  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   return ("cuda" if jax.default_backend() == "gpu"
