@@ -34,7 +34,6 @@ from typing import Any, Callable
 import numpy as np
 
 
-
 def available() -> tuple[bool, str]:
   """(True, version) when ``import torch`` works, else (False, why)."""
   try:
