@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import time
 from typing import Any, Iterator, Sequence
 
+from absl import logging
 import flax.serialization
 import jax
 import jax.numpy as jnp
@@ -239,6 +241,28 @@ def cell_settings(config, cell: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
+def _drop_if_snapshots_lost(store: harness.CellStore, name: str,
+                            run_dir: str, snapshots: bool) -> None:
+  """Forgets a finished training cell whose snapshots are gone.
+
+  The update cells read the mid and final parameters; a workdir copied
+  without them (or with a run folder removed) would otherwise turn every
+  later update cell into "training diverged". The run is recomputed from
+  round 0 (same seed, same numbers), its folder cleared first so that no
+  checkpoint past the mid stage is restored as the mid snapshot.
+  """
+  done = store.get(name) if snapshots else None
+  if done is None or done.get("diverged_at_round") is not None:
+    return
+  if all(os.path.exists(_snapshot_path(run_dir, st))
+         for st in ("mid", "final")):
+    return
+  logging.warning("%s: snapshots missing under %s; retraining.", name,
+                  run_dir)
+  shutil.rmtree(run_dir, ignore_errors=True)
+  os.remove(store.path(name))
+
+
 def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
   """Runs (or reads) every planned cell; yields ``(cell, result)``."""
   store = harness.CellStore(os.path.join(workdir, "cells"))
@@ -256,6 +280,8 @@ def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
     run_dir = os.path.join(workdir, "runs", cell["panel"],
                            f"seed{cell['seed']}", harness.cell_name(d, s))
     if cell["kind"] == "train":
+      _drop_if_snapshots_lost(store, sweep.cell_name(cell), run_dir,
+                              (d, s) in upd)
       fn = functools.partial(train_cell, config, panel, d, s, run_dir,
                              (d, s) in upd)
     elif cell["kind"] == "attack":
