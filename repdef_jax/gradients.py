@@ -95,6 +95,26 @@ def batch_grad(model: models_lib.Model, params: Params, x: jax.Array,
   return jax.grad(lambda p: batch_loss(model, p, x, y, mask))(params)
 
 
+def local_update_direction(model: models_lib.Model, params: Params,
+                           x: jax.Array, y: jax.Array, steps: int,
+                           lr: float) -> Params:
+  """``(params - params_I) / (lr * I)`` after I full-batch SGD steps on x.
+
+  What a FedAvg client with batch ``x`` shares after ``steps`` local steps
+  of learning rate ``lr``, rescaled to a gradient (one step: exactly
+  :func:`batch_grad`, up to rounding). Differentiable in ``x``: an attack
+  that unrolls the client's local training matches this instead of one
+  gradient (Geiping et al. 2020, Sec. 6).
+  """
+  def step(p, _):
+    g = batch_grad(model, p, x, y)
+    return jax.tree_util.tree_map(lambda w, gw: w - lr * gw, p, g), None
+
+  final, _ = jax.lax.scan(step, params, None, length=steps)
+  return jax.tree_util.tree_map(lambda a, b: (a - b) / (lr * steps), params,
+                                final)
+
+
 def example_loss(model: models_lib.Model, params: Params, x: jax.Array,
                  y: jax.Array) -> jax.Array:
   """Loss of one example ``x [H, W, C]`` with label ``y`` (``[]`` or ``[K]``)."""

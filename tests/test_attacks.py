@@ -195,6 +195,28 @@ def test_gs_reconstructs_on_small_model():
   assert float(res.x_rec.min()) >= 0.0 and float(res.x_rec.max()) <= 1.0
 
 
+def test_gs_unrolling_the_local_steps_beats_one_gradient_on_an_update():
+  # What a client shares after 5 local steps (Geiping et al. Sec. 6): the
+  # attack that unrolls them reconstructs much closer (PSNR, [0, 1] pixels)
+  # than the one that matches a single gradient, at the same iterations.
+  model = models.get_model("mlp", (16, 16, 1), 10)
+  params = model.init(jax.random.key(0))
+  x, y = smooth_image(model.input_shape, 1), jnp.array([4])
+  steps, lr = 5, 0.1
+  update = gradients.local_update_direction(model, params, x, y, steps, lr)
+  gs = attacks.get_attack("gs")
+  kw = dict(labels=y, iterations=200, restarts=2)
+  plain = gs(model, params, update, 1, jax.random.key(2), **kw)
+  unrolled = gs(model, params, update, 1, jax.random.key(2), local_steps=steps,
+                local_lr=lr, **kw)
+  p_plain = float(metrics.psnr(plain.x_rec, x)[0])
+  p_unrolled = float(metrics.psnr(unrolled.x_rec, x)[0])
+  assert p_unrolled > 30.0 and p_unrolled > p_plain + 5.0, (p_unrolled,
+                                                            p_plain)
+  with pytest.raises(ValueError, match="local_lr"):
+    gs(model, params, update, 1, jax.random.key(2), local_steps=steps, **kw)
+
+
 def test_gs_box_from_normalization():
   box = attacks.box_from_normalization((0.5, 0.5), (0.25, 0.5))
   assert box == {"lower": (-2.0, -1.0), "upper": (2.0, 1.0)}

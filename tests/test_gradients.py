@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from repdef_jax import fedavg
 from repdef_jax import gradients
 from repdef_jax import models
 
@@ -41,6 +42,28 @@ def test_mean_of_per_example_equals_batch_grad(setup):
   _, grads = gradients.per_example_grads(model, params, x, y)
   mean = jax.tree_util.tree_map(lambda g: g.mean(0), grads)
   _close(mean, gradients.batch_grad(model, params, x, y), rtol=1e-4, atol=1e-6)
+
+
+def test_local_update_direction_is_what_a_fedavg_client_shares():
+  # MLP at its default init: five steps of lr 0.1 move it enough that the
+  # update is not one gradient.
+  model = models.get_model("mlp", (16, 16, 1), 10)
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (3, 16, 16, 1))
+  y = jnp.array([4, 7, 1])
+  steps, lr = 5, 0.1
+  direction = jax.jit(gradients.local_update_direction,
+                      static_argnums=(0, 4, 5))(model, params, x, y, steps, lr)
+  config = fedavg.FedAvgConfig(local_steps=steps, batch_size=3, client_lr=lr)
+  delta, _ = fedavg.client_update(model, config, params, x, y, jnp.ones(3),
+                                  jax.random.key(2), jax.random.key(3))
+  _close(direction, jax.tree_util.tree_map(lambda d: -d / (lr * steps), delta),
+         rtol=1e-4, atol=1e-6)
+  one = gradients.batch_grad(model, params, x, y)
+  assert not np.allclose(direction["head"]["kernel"], one["head"]["kernel"],
+                         rtol=1e-2)
+  _close(gradients.local_update_direction(model, params, x, y, 1, lr), one,
+         rtol=1e-4, atol=1e-6)
 
 
 def test_soft_one_hot_labels_equal_hard_labels(setup):

@@ -156,6 +156,17 @@ def test_unit_costs_price_cells_no_finished_run_timed():
   step[tc.batch_size] = step.pop(str(tc.batch_size))
   again = cost.estimate(config, cells, None, reference="", units=unit)
   assert again["seconds"] == pytest.approx(est["seconds"])
+  # GS unrolling the client's local steps at the panel's learning rate costs
+  # one iteration per local step; DLG and the round-0 attacks are unchanged.
+  config.update_attack.unroll = True
+  gs = sweep.budgets(config, "update", "logreg_mnist")["gs"]
+  assert (gs["local_steps"], gs["local_lr"]) == (
+      config.update_attack.local_steps, tc.client_lr)
+  assert "local_steps" not in sweep.budgets(config, "attack")["gs"]
+  unrolled = cost.estimate(config, cells, None, reference="", units=unit)
+  assert unrolled["by_kind"] == pytest.approx(
+      {**want, "update": want["update"] * config.update_attack.local_steps})
+  del config.update_attack["unroll"]
   # A model the unit costs never measured is left out, and said so.
   unit["models"] = {"lr": {"name": "mlp", "kwargs": {}}}
   est = cost.estimate(config, cells, None, reference="", units=unit)

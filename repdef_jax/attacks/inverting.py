@@ -30,6 +30,12 @@ Where this departs from the paper / reference code:
   the final iterate of each trial too) by the full objective.
 * The initial image is drawn from a standard normal, as the reference, and is
   not projected before the first step.
+* A FedAvg update (``local_steps`` > 1): the trial gradient is the client's
+  update unrolled over ``local_steps`` full-batch SGD steps of ``local_lr``
+  from the dummy images (the paper's Sec. 6 attack on local updates; the
+  paper also unrolls minibatches over several epochs, which we do not). The
+  simulated client runs plain SGD: a defense applied at every local step is
+  not simulated (the adaptive views act on the final comparison).
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ class GSConfig:
     view: which gradient entries to match (adaptive attacks).
     progress_every: report progress every this many iterations
       (:mod:`repdef_jax.attacks.progress`); 0: off, no callback compiled.
+    local_steps: 1 matches one gradient; I > 1 matches a client's update
+      after I full-batch local SGD steps (shared as ``-delta / (lr * I)``).
+    local_lr: the client's learning rate (required when ``local_steps`` > 1).
   """
 
   iterations: int = 2000
@@ -79,6 +88,8 @@ class GSConfig:
   infer_label: bool = True
   view: objectives.GradientView = objectives.GradientView()
   progress_every: int = 0
+  local_steps: int = 1
+  local_lr: float = 0.0
 
 
 def box_from_normalization(mean: Sequence[float],
@@ -118,9 +129,12 @@ def _check(model: models_lib.Model, config: GSConfig, labels: Any) -> None:
   if not np.all(lo < hi):
     raise ValueError(f"lower must be < upper in every channel; got "
                      f"lower={config.lower!r}, upper={config.upper!r}.")
-  for name in ("restarts", "iterations"):
+  for name in ("restarts", "iterations", "local_steps"):
     base.check_int(config, name, 1)
   base.check_int(config, "progress_every", 0)
+  if config.local_steps > 1 and not config.local_lr > 0:
+    raise ValueError(f"local_lr must be > 0 when local_steps > 1; got "
+                     f"local_lr={config.local_lr!r}.")
 
 
 def inverting_gradients(model: models_lib.Model, params: Params,
@@ -215,7 +229,11 @@ def _gs_jit(model, params, shared, keys, labels, run_id, *, num_images, infer,
   opt = optax.adam(step_schedule(config.learning_rate, config.iterations))
 
   def loss_fn(x, g_ref, w, lab):
-    g = gradients_lib.batch_grad(model, params, x, lab)
+    if config.local_steps == 1:
+      g = gradients_lib.batch_grad(model, params, x, lab)
+    else:
+      g = gradients_lib.local_update_direction(
+          model, params, x, lab, config.local_steps, config.local_lr)
     dist = objectives.gradient_distance("cosine", g, g_ref, w)
     return dist + config.tv_weight * objectives.total_variation(x)
 

@@ -61,7 +61,8 @@ def _iterations_by_attack(budgets: dict[str, dict], attacks: Sequence[str]
     fam = "gs" if a.startswith("gs") else "dlg"
     b = budgets.get(fam, {})
     if fam == "gs":
-      total[fam] += int(b.get("iterations", 2000)) * int(b.get("restarts", 1))
+      total[fam] += (int(b.get("iterations", 2000)) *
+                     int(b.get("restarts", 1)) * int(b.get("local_steps", 1)))
     else:
       total[fam] += (int(b.get("outer_steps", 300)) *
                      int(b.get("inner_steps", 20)) * int(b.get("restarts", 1)))
@@ -74,7 +75,7 @@ def _suite(config, cell: dict[str, Any]) -> tuple[Sequence[str], int, dict]:
     return (config.panels[cell["panel"]].attacks, config.num_images,
             sweep.budgets(config, "attack"))
   return (config.update_attack.attacks, config.update_attack.batch,
-          sweep.budgets(config, "update"))
+          sweep.budgets(config, "update", cell["panel"]))
 
 
 def work(config, cell: dict[str, Any]) -> float:

@@ -88,6 +88,8 @@ def default_config() -> ml_collections.ConfigDict:
       attacks=("gs", "gs_mask", "gs_drop", "dlg"),
       # Per family, over attack_budgets: a multi-image update needs a
       # longer attack than a one-image gradient (docs/evaluation.md).
+      # Optional ``unroll`` (absent: False): GS unrolls the client's local
+      # steps (:func:`budgets`); the ``full`` preset sets it.
       budgets=ml_collections.ConfigDict()))
   c.thresholds = (0.1, 0.2, 0.3)  # sensitivity of the verdicts
   c.threshold = 0.2  # SSIM at or below which an image is unrecognisable
@@ -103,15 +105,26 @@ def strengths(config: ml_collections.ConfigDict) -> list[tuple[str, float]]:
   return out
 
 
-def budgets(config: ml_collections.ConfigDict, kind: str
-            ) -> dict[str, dict]:
+def budgets(config: ml_collections.ConfigDict, kind: str,
+            panel: str | None = None) -> dict[str, dict]:
   """Attack budgets per family of an 'attack' (round-0 one-image) or
-  'update' (real update: ``update_attack.budgets`` over them) cell."""
+  'update' (real update: ``update_attack.budgets`` over them) cell.
+
+  With ``update_attack.unroll`` (absent: False), GS on ``panel``'s updates
+  unrolls the client's local steps at its learning rate
+  (:class:`repdef_jax.attacks.inverting.GSConfig` ``local_steps``).
+  """
   base = config.attack_budgets.to_dict()
   if kind != "update":
     return base
-  own = config.update_attack.get("budgets", None)
-  return harness.merge_budgets(base, own.to_dict() if own else None)
+  ua = config.update_attack
+  own = ua.get("budgets", None)
+  out = harness.merge_budgets(base, own.to_dict() if own else None)
+  if ua.get("unroll", False):
+    out = harness.merge_budgets(out, {"gs": {
+        "local_steps": int(ua.local_steps),
+        "local_lr": float(panel_config(config, panel).client_lr)}})
+  return out
 
 
 def update_strengths(config: ml_collections.ConfigDict

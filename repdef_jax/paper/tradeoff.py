@@ -219,7 +219,8 @@ def update_cell(config, panel: _Panel, defense: str, strength: float,
   suite = harness.attack_suite(
       panel.model, params, shared, x, y, tuple(ua.attacks),
       jax.random.fold_in(panel.keys.attack, rounds),
-      budgets=sweep.budgets(config, "update"), give_labels=config.give_labels)
+      budgets=sweep.budgets(config, "update", panel.name),
+      give_labels=config.give_labels)
   return {"client": cid, "round": rounds, "labels": y.tolist(),
           **_image_entry(suite),
           **{k: float(v) for k, v in info.items() if k.startswith("defense/")}}
