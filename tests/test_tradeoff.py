@@ -70,8 +70,8 @@ def test_tiny_end_to_end_and_resume(mock_env):
   assert before == {n: os.path.getmtime(os.path.join(cells, n))
                     for n in names}
   assert again["claims"] == result["claims"]
-  # A workdir copied without the snapshots and checkpoints (as committed
-  # under docs/results/partial) retrains the run the update cells read, to
+  # A workdir copied without the snapshots and checkpoints (as a run
+  # committed between sessions may be) retrains the run the update cells read, to
   # the same numbers, instead of recording its update cells as skipped.
   run_dir = os.path.join(workdir, "runs", "logreg_mnist", "seed0",
                          "soteria_50")
