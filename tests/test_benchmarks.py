@@ -7,6 +7,7 @@ FLOP count, the paper-scale table, and the markdown rendered from the JSON.
 
 import json
 import math
+import os
 
 import pytest
 
@@ -167,6 +168,27 @@ def test_a_gpu_run_renders_as_the_gpu_section_of_the_cpu_page(tmp_path):
   assert "## On one GPU" not in (tmp_path / "gpu" / "BENCHMARKS.md").read_text()
   with pytest.raises(ValueError, match="--out_dir"):
     driver.render(str(tmp_path / "nothing"))
+
+
+def test_render_reprices_the_presets_from_the_stored_unit_costs(tmp_path):
+  """A stale preset table (priced under an older plan) is re-priced."""
+  committed = os.path.join(os.path.dirname(__file__), "..", "docs",
+                           "benchmarks", "benchmarks.json")
+  if not os.path.exists(committed):
+    pytest.skip("no committed benchmarks.json")
+  with open(committed, encoding="utf-8") as f:
+    unit = json.load(f)["unit_costs"]
+  report = _machine_report("cpu", 0.4, "torch 2 threads", 0.6, 3600.0, 5000.0)
+  report["unit_costs"] = unit
+  report["preset_costs"] = [{"preset": "medium", "cells": 1, "cpu_h": 123456.0,
+                             "gpu_h": 1.0, "by_model_h": {}}]
+  driver.write(report, str(tmp_path))
+  driver.render(str(tmp_path))
+  md = (tmp_path / "BENCHMARKS.md").read_text()
+  rows = {line.split(" | ")[0]: line for line in md.splitlines()
+          if line.startswith(("| medium |", "| full |"))}
+  assert set(rows) == {"| medium", "| full"}
+  assert "123456" not in rows["| medium"] and "| 270 |" in rows["| medium"]
 
 
 def test_gpu_peak_from_the_device_kind():

@@ -519,11 +519,14 @@ def write(report: dict[str, Any], out_dir: str) -> None:
 
 def render(out_dir: str) -> None:
   """Rewrites ``out_dir``'s BENCHMARKS.md from its JSON (and its GPU run's)
-  without measuring anything."""
+  without measuring anything; the presets are re-priced from the stored
+  unit costs, so the table follows the current plans and committed run."""
   report = storage.read_json(os.path.join(out_dir, "benchmarks.json"))
   if report is None:
     raise ValueError(f"--out_dir: no benchmarks.json in {out_dir!r}; run "
                      "the benchmarks first.")
+  if report.get("preset_costs") and report.get("unit_costs"):
+    report["preset_costs"] = costs.preset_costs(report["unit_costs"])
   write(report, out_dir)
   print(f"rendered {out_dir}/BENCHMARKS.md")
 
