@@ -71,8 +71,9 @@ def test_tiny_end_to_end_and_resume(mock_env):
                     for n in names}
   assert again["claims"] == result["claims"]
   # A workdir copied without the snapshots and checkpoints (as a run
-  # committed between sessions may be) retrains the run the update cells read, to
-  # the same numbers, instead of recording its update cells as skipped.
+  # committed between sessions may be) retrains the run the update cells
+  # read, to the same numbers, instead of recording its update cells as
+  # skipped.
   run_dir = os.path.join(workdir, "runs", "logreg_mnist", "seed0",
                          "soteria_50")
   for name in os.listdir(run_dir):
