@@ -15,6 +15,7 @@ from experiments.benchmarks import driver
 from experiments.benchmarks import timing
 from experiments.benchmarks import torch_peers
 from experiments.configs import tradeoff as tradeoff_config
+from repdef_jax import storage
 from repdef_jax.paper import sweep
 
 HAS_TORCH = torch_peers.available()[0]
@@ -172,27 +173,45 @@ def test_a_gpu_run_renders_as_the_gpu_section_of_the_cpu_page(tmp_path):
     driver.render(str(tmp_path / "nothing"))
 
 
-def test_render_reprices_the_presets_from_the_stored_unit_costs(tmp_path):
-  """A stale preset table (priced under an older plan) is re-priced."""
+def test_presets_are_priced_from_the_stored_unit_costs(tmp_path):
+  """A stale preset table (priced under an older plan) is re-priced by
+  --render_only and by a run of other parts that keeps the unit costs."""
   committed = os.path.join(os.path.dirname(__file__), "..", "docs",
                            "benchmarks", "benchmarks.json")
   if not os.path.exists(committed):
     pytest.skip("no committed benchmarks.json")
   with open(committed, encoding="utf-8") as f:
     unit = json.load(f)["unit_costs"]
+  stale = [{"preset": "medium", "cells": 1, "cpu_h": 123456.0, "gpu_h": 1.0,
+            "by_model_h": {}}]
+  cells = len(sweep.plan(tradeoff_config.get_config("medium")))
+
+  def medium_row(report):
+    (row,) = [p for p in report["preset_costs"] if p["preset"] == "medium"]
+    return row
+
   report = _machine_report("cpu", 0.4, "torch 2 threads", 0.6, 3600.0, 5000.0)
-  report["unit_costs"] = unit
-  report["preset_costs"] = [{"preset": "medium", "cells": 1, "cpu_h": 123456.0,
-                             "gpu_h": 1.0, "by_model_h": {}}]
-  driver.write(report, str(tmp_path))
+  report.update(unit_costs=unit, preset_costs=stale)
+  storage.write_json(str(tmp_path / "benchmarks.json"), report)  # stale
   driver.render(str(tmp_path))
   md = (tmp_path / "BENCHMARKS.md").read_text()
   rows = {line.split(" | ")[0]: line for line in md.splitlines()
           if line.startswith(("| medium |", "| full |"))}
   assert set(rows) == {"| medium", "| full"}
-  cells = len(sweep.plan(tradeoff_config.get_config("medium")))
   assert "123456" not in rows["| medium"]
   assert rows["| medium"].startswith(f"| medium | {cells} |")
+  priced = medium_row(storage.read_json(str(tmp_path / "benchmarks.json")))
+  assert priced["cells"] == cells and priced["cpu_h"] != 123456.0
+
+  # A run of the defense part alone keeps the old unit costs; the presets
+  # are priced from them, not copied from the old report.
+  old = dict(report, preset_costs=stale)
+  new = _machine_report("cpu", 0.3, "torch 2 threads", 0.6, 3600.0, 5000.0)
+  new["settings"]["parts"] = ["defense"]
+  new.pop("preset_costs")
+  merged = driver.merge(old, new)
+  driver.write(merged, str(tmp_path / "merged"))
+  assert medium_row(merged) == priced
 
 
 def test_gpu_peak_from_the_device_kind():

@@ -240,10 +240,9 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
              f"LeNet {sname}, 1 image, {bench.note}", ours, tname, peer, None,
              bench.flops, peak, note))
 
-  unit, presets = None, None
+  unit = None
   if "unit_costs" in parts:
     unit = costs.unit_costs(repeats=1, verbose=verbose, **s["unit_costs"])
-    presets = None if quick else costs.preset_costs(unit)
 
   machine = timing.machine_info()
   machine["load_average_before"] = load_before
@@ -258,8 +257,7 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
                          "padding taps excluded) of the reference algorithm "
                          "in the direct 'xla' convolution formulation; the "
                          "same count for ours and the peer"),
-          "rows": rows, "paper_scale": paper, "unit_costs": unit,
-          "preset_costs": presets}
+          "rows": rows, "paper_scale": paper, "unit_costs": unit}
 
 
 def _fmt(v: Any) -> str:
@@ -505,28 +503,38 @@ def render_markdown(report: dict[str, Any],
   return "\n".join(lines) + "\n"
 
 
+def _price_presets(report: dict[str, Any] | None) -> None:
+  """Sets ``report['preset_costs']`` from its unit costs and the current
+  plans (a full run's report only); it is derived, never carried over."""
+  if (report and report.get("unit_costs") and
+      not report.get("settings", {}).get("quick")):
+    report["preset_costs"] = costs.preset_costs(report["unit_costs"])
+
+
 def write(report: dict[str, Any], out_dir: str) -> None:
   """Writes benchmarks.json and BENCHMARKS.md atomically; a CPU report's
-  page includes the GPU report of ``out_dir/gpu`` when there is one."""
+  page includes the GPU report of ``out_dir/gpu`` when there is one. The
+  preset costs of both are re-priced from their unit costs."""
   os.makedirs(out_dir, exist_ok=True)
+  _price_presets(report)
   storage.write_json(os.path.join(out_dir, "benchmarks.json"), report)
   gpu = None
   if report.get("machine", {}).get("backend") == "cpu":
     gpu = storage.read_json(os.path.join(out_dir, GPU_DIR, "benchmarks.json"))
+    _price_presets(gpu)
   storage.write_text(os.path.join(out_dir, "BENCHMARKS.md"),
                      render_markdown(report, gpu))
 
 
 def render(out_dir: str) -> None:
   """Rewrites ``out_dir``'s BENCHMARKS.md from its JSON (and its GPU run's)
-  without measuring anything; the presets are re-priced from the stored
-  unit costs, so the table follows the current plans and committed run."""
+  without measuring anything; :func:`write` re-prices the presets from the
+  stored unit costs, so the table follows the current plans and committed
+  run."""
   report = storage.read_json(os.path.join(out_dir, "benchmarks.json"))
   if report is None:
     raise ValueError(f"--out_dir: no benchmarks.json in {out_dir!r}; run "
                      "the benchmarks first.")
-  if report.get("preset_costs") and report.get("unit_costs"):
-    report["preset_costs"] = costs.preset_costs(report["unit_costs"])
   write(report, out_dir)
   print(f"rendered {out_dir}/BENCHMARKS.md")
 
@@ -559,7 +567,6 @@ def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     new["paper_scale"] = old.get("paper_scale", [])
   if "unit_costs" in kept:
     new["unit_costs"] = old.get("unit_costs")
-    new["preset_costs"] = old.get("preset_costs")
   new["settings"]["parts"] = [p for p in PARTS if p in kept or p in parts]
   return new
 
