@@ -202,6 +202,14 @@ def test_presets_are_priced_from_the_stored_unit_costs(tmp_path):
   assert rows["| medium"].startswith(f"| medium | {cells} |")
   priced = medium_row(storage.read_json(str(tmp_path / "benchmarks.json")))
   assert priced["cells"] == cells and priced["cpu_h"] != 123456.0
+  # The estimate and the committed run, by kind of cell, add up to totals.
+  assert math.isclose(sum(priced["by_kind_h"].values()), priced["cpu_h"])
+  if priced["measured_h"] is not None:
+    assert math.isclose(sum(priced["measured_by_kind_h"].values()),
+                        priced["measured_h"])
+    train = priced["by_kind_h"]["train"]
+    assert (f"train {driver._fmt(train)} / "  # pylint: disable=protected-access
+            f"{driver._fmt(priced['measured_by_kind_h']['train'])}") in md  # pylint: disable=protected-access
 
   # A run of the defense part alone keeps the old unit costs; the presets
   # are priced from them, not copied from the old report.

@@ -105,8 +105,10 @@ def preset_costs(unit: dict[str, Any],
 
   Returns:
     One ``{'preset', 'cells', 'cpu_h', 'gpu_h', 'gpu_model', 'by_model_h',
-    'measured_h', 'unknown', 'extrapolated'}`` per preset; ``measured_h``
-    is the committed run's total cell time (medium only, else None).
+    'by_kind_h', 'measured_h', 'measured_by_kind_h', 'unknown',
+    'extrapolated'}`` per preset; ``measured_h`` and ``measured_by_kind_h``
+    are the committed run's cell time in all and by kind of cell (medium
+    only, else None).
   """
   # The paper package is above the library; imported here, not at the top,
   # so that the other benchmark parts do not load it.
@@ -119,9 +121,13 @@ def preset_costs(unit: dict[str, Any],
     config = tradeoff_cfg.get_config(preset)
     est = cost.estimate(config, sweep.plan(config), None, reference="",
                         units=unit)
-    measured = None
+    measured, by_kind = None, None
     if preset == "medium" and os.path.exists(MEASURED_MEDIUM):
-      measured = storage.read_json(MEASURED_MEDIUM).get("cell_seconds")
+      run = storage.read_json(MEASURED_MEDIUM)
+      measured = run.get("cell_seconds")
+      by_kind = {}
+      for c in run.get("cell_costs", []):
+        by_kind[c["kind"]] = by_kind.get(c["kind"], 0.0) + c["seconds"] / 3600
     out.append({
         "preset": preset, "cells": est["cells"],
         "cpu_h": est["seconds"] / 3600,
@@ -130,6 +136,8 @@ def preset_costs(unit: dict[str, Any],
                       f"{cost.GPU_STEP_FLOOR_S * 1e3:g} ms per step or "
                       "iteration"),
         "by_model_h": {k: v / 3600 for k, v in est["by_model"].items()},
+        "by_kind_h": {k: v / 3600 for k, v in est["by_kind"].items()},
         "measured_h": measured / 3600 if measured else None,
+        "measured_by_kind_h": by_kind or None,
         "unknown": est["unknown"], "extrapolated": est["extrapolated"]})
   return out

@@ -478,11 +478,14 @@ def render_markdown(report: dict[str, Any],
   if presets:
     lines += ["## Trade-off presets: estimated cost", "",
               "Every planned cell priced from the unit costs above "
-              "(`repdef_jax.paper.cost.estimate`; steps and attack "
-              "iterations only, no evaluation or host work, attacks at "
-              "CIFAR-10 shapes on one image: a lower bound). 'measured': the "
-              "committed medium run's total cell time (docs/results/"
-              "tradeoff, same CPU, under load), the check of the estimate. "
+              "(`repdef_jax.paper.cost.estimate`): training cells from "
+              "their steps alone (no evaluation, compilation or host work: "
+              "too low), attack cells from their full budget, one CIFAR-10 "
+              "image at a time (no early stop, no batching of images, "
+              "larger than MNIST: too high). 'measured': the committed "
+              "medium run's total cell time (docs/results/tradeoff, same "
+              "CPU, under load), the check of the estimate; the line below "
+              "the table compares them by kind of cell. "
               "One GPU: FLOPs of each step and attack iteration at "
               f"{presets[0].get('gpu_model', '?')} "
               "(`repdef_jax.paper.cost.gpu_seconds`; a model, not a "
@@ -500,6 +503,15 @@ def render_markdown(report: dict[str, Any],
       lines.append(f"| {p['preset']} | {p['cells']} | {_fmt(p['cpu_h'])} | "
                    f"{_fmt(p.get('measured_h'))} | {_fmt(p['gpu_h'])} | "
                    f"{_fmt(on_gpu)} | {by} |")
+    for p in presets:
+      measured = p.get("measured_by_kind_h") or {}
+      kinds = [k for k in sorted(measured) if k in p.get("by_kind_h", {})]
+      if kinds:
+        lines += ["", f"{p['preset']}, estimated / measured hours by kind "
+                  "of cell: " + "; ".join(
+                      f"{k} {_fmt(p['by_kind_h'][k])} / {_fmt(measured[k])} "
+                      f"({_fmt(p['by_kind_h'][k] / measured[k])}x)"
+                      for k in kinds) + "."]
   return "\n".join(lines) + "\n"
 
 

@@ -11,8 +11,11 @@ per unit of work). Rates come, in this order, from:
 2. measured unit costs (``unit_costs`` of ``docs/benchmarks/benchmarks.json``,
    :mod:`experiments.benchmarks.costs`): one local FedAvg step of the model
    at the panel's batch size, plain and with Soteria, one DLG / GS iteration
-   on one image. These leave out evaluation and per-round host work, so
-   they are a lower bound; :func:`estimate` reports which models they priced;
+   on one CIFAR-10 image. Neither a lower nor an upper bound: training
+   cells leave out evaluation, compilation and per-round host work (too
+   low), attack cells take the full budget with no early stop, one image at
+   a time, at CIFAR-10 shapes (too high where images run as a batch or are
+   MNIST-sized); :func:`estimate` reports which models they priced;
 3. the nearest measured model scaled by forward FLOPs (flagged as
    extrapolated).
 """
@@ -309,8 +312,9 @@ def render(est: dict[str, Any]) -> str:
                f"repdef_jax.paper.cost.GPU_FLOPS): "
                f"{est['gpu_seconds'] / 3600:.2f} h")
   if est.get("from_units"):
-    lines.append("priced from measured unit costs (steps and iterations "
-                 "only, no evaluation: a lower bound): " +
+    lines.append("priced from measured unit costs (training without "
+                 "evaluation: too low; attacks at full budget, one CIFAR-10 "
+                 "image at a time: too high): " +
                  "; ".join(est["from_units"]))
   if est["extrapolated"]:
     lines.append("extrapolated by forward FLOPs: " +
