@@ -542,8 +542,8 @@ def make_round(model: models_lib.Model,
   def many_clients(params, round_, keys, xs, ys, ms, ids):
     fn = functools.partial(per_client, params, round_, keys)
     if client_chunk > 0:
-      return jax.lax.map(lambda a: fn(*a), (xs, ys, ms, ids),
-                         batch_size=min(client_chunk, xs.shape[0]))
+      return host.sequential_map(lambda a: fn(*a), (xs, ys, ms, ids),
+                                 batch_size=min(client_chunk, xs.shape[0]))
     return jax.vmap(fn)(xs, ys, ms, ids)
 
   if mesh is not None:

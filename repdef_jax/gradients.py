@@ -14,6 +14,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from repdef_jax import host
 from repdef_jax import models as models_lib
 
 Params = Any
@@ -146,7 +147,8 @@ def per_example_grads(model: models_lib.Model, params: Params, x: jax.Array,
     raise ValueError(f"chunk must be a positive int or None, got {chunk}.")
   if chunk >= x.shape[0]:
     return jax.vmap(fn, in_axes=(None, 0, 0))(params, x, y)
-  return jax.lax.map(lambda a: fn(params, *a), (x, y), batch_size=chunk)
+  return host.sequential_map(lambda a: fn(params, *a), (x, y),
+                             batch_size=chunk)
 
 
 # Widest convolution (output channels) for which vmapped per-example weight

@@ -84,3 +84,41 @@ def test_two_devices_equal_one_device():
   assert rounds["params"] <= 1e-6
   assert rounds["compiles"] == 1
   assert attacks["mesh"] == 2 and attacks["x_rec"] <= 1e-5
+
+
+def _scan_unrolls(fn, *args):
+  """The ``unroll`` of every scan in ``fn``'s jaxpr (loops of lax.map too)."""
+  out = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "scan":
+        out.append(eqn.params["unroll"])
+      for sub in jax.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return out
+
+
+@pytest.mark.parametrize("n", [1, 4, 5])
+def test_sequential_map_is_lax_map_unrolled_on_cpu(n):
+  """Same numbers as lax.map, bit for bit (odd n: a remainder trip), with
+  two iterations per trip on CPU and none for a single item."""
+  w = jax.random.normal(jax.random.key(0), (3, 3, 2, 4))
+
+  def f(x):  # A small convolution and a reduction: per-item work.
+    y = jax.lax.conv_general_dilated(x[None], w, (1, 1), "SAME",
+                                     dimension_numbers=("NHWC", "HWIO",
+                                                        "NHWC"))
+    return jax.numpy.tanh(y).sum(axis=(1, 2))[0]
+
+  xs = jax.random.normal(jax.random.key(1), (n, 6, 6, 2))
+  ours = jax.jit(lambda a: host.sequential_map(f, a))(xs)
+  ref = jax.jit(lambda a: jax.lax.map(f, a))(xs)
+  assert (ours == ref).all()
+  assert _scan_unrolls(lambda a: host.sequential_map(f, a), xs) == (
+      [min(host.CPU_LOOP_UNROLL, n)] if n > 1 else [1])
+  # Chunks of several items stay lax.map's (vmapped chunks, one per trip).
+  chunked = jax.jit(lambda a: host.sequential_map(f, a, batch_size=2))(xs)
+  assert jax.numpy.allclose(chunked, ref, rtol=1e-6, atol=1e-6)

@@ -37,6 +37,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+from repdef_jax import host
 from repdef_jax import models as models_lib
 from repdef_jax.defenses import base
 
@@ -222,7 +223,7 @@ def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
     rows = pull(top_rows(start, dact_c)).reshape(b, c, -1)
     return jnp.sqrt(jnp.sum(jnp.square(rows), -1)) if reduce else rows
 
-  out = jax.lax.map(one, (starts, dact_chunks))  # [n, B, c, ...]
+  out = host.sequential_map(one, (starts, dact_chunks))  # [n, B, c, ...]
   out = jnp.moveaxis(out, 0, 1).reshape(b, n * c, *out.shape[3:])
   return r, out[:, :f]
 
