@@ -95,6 +95,25 @@ def test_quick_markdown_is_rendered_from_the_json(quick_report):
       assert f"| {driver._fmt(r['ratio'])}x |" in line  # pylint: disable=protected-access
 
 
+def test_flops_per_cycle_by_vendor_and_flags():
+  fma = {"avx2", "fma"}
+  assert timing.flops_per_cycle("GenuineIntel", fma | {"avx512f"})[0] == 64
+  amd = timing.flops_per_cycle("AuthenticAMD", fma | {"avx512f"})
+  assert amd[0] == 32 and "256-bit pipes" in amd[1]
+  assert timing.flops_per_cycle("GenuineIntel", fma)[0] == 32
+  assert timing.flops_per_cycle("GenuineIntel", {"avx"})[0] == 16
+
+
+def test_peak_is_raised_to_a_faster_measured_sgemm():
+  nominal = {"gflops": 100.0, "how": "2 cores x 1 GHz x 50 FLOP/cycle"}
+  kept = timing.raise_to_measured(nominal, {"XLA": 90.0})
+  assert kept["gflops"] == 100.0 and "XLA 90" in kept["how"]
+  raised = timing.raise_to_measured(nominal, {"XLA": 90.0, "torch": 120.0})
+  assert raised["gflops"] == 120.0
+  assert "torch" in raised["how"] and "nominal 100" in raised["how"]
+  assert raised["sgemm_gflops"] == {"XLA": 90.0, "torch": 120.0}
+
+
 def test_cpu_peak_states_its_formula():
   peak = timing.cpu_peak()
   if peak["ghz"]:

@@ -233,6 +233,14 @@ def fedavg_round(net, clients: list[tuple[Any, Any]], batch_size: int,
                        for k in global_state})
 
 
+def sgemm(n: int) -> Callable[[], Any]:
+  """An [n, n] x [n, n] fp32 product on the peers' device, synchronised."""
+  import torch  # pylint: disable=g-import-not-at-top
+  a = torch.randn(n, n, device=device())
+  b = torch.randn(n, n, device=device())
+  return synced(lambda: a @ b)
+
+
 def per_example_grads(net, x, y) -> list:
   """A loop of single-example backward passes (the PyTorch way)."""
   import torch  # pylint: disable=g-import-not-at-top
