@@ -27,6 +27,7 @@ devices are unused.
 from __future__ import annotations
 
 import os
+import platform
 from typing import Any, Callable
 
 import jax
@@ -41,6 +42,22 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0))
   except AttributeError:  # Not Linux.
     return os.cpu_count() or 1
+
+
+def describe() -> dict[str, Any]:
+  """Where this process computes: CPU model, usable cores, JAX backend and
+  device kind (stored beside timings, so that times taken on different
+  machines are not compared as if alike)."""
+  cpu = None
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      cpu = next((line.split(":", 1)[1].strip() for line in f
+                  if line.lower().startswith("model name")), None)
+  except OSError:
+    pass
+  return {"cpu": cpu or platform.processor() or None,
+          "cores": usable_cores(), "backend": jax.default_backend(),
+          "device_kind": jax.devices()[0].device_kind}
 
 
 def cpu_device_count() -> int | None:

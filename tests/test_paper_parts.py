@@ -207,6 +207,10 @@ def test_cell_store_refuses_cells_of_other_settings(tmp_path):
   first = store.get_or_run("a_seed0", cell, None,
                            harness.cell_settings(config, drop, "a"))
   assert first["ssim"] == 0.5 and len(calls) == 1
+  # Its timing is stored with where it ran.
+  assert first["cell_seconds"] >= 0
+  assert first["host"]["backend"] == jax.default_backend()
+  assert first["host"]["cores"] >= 1
   grown = ml_collections.ConfigDict(config.to_dict())
   grown.seeds, grown.data_dir, grown.success_ssim = (0, 1), "/b", 0.9
   grown.variants.reference = (40.0, 80.0)

@@ -15,6 +15,7 @@ if ROOT not in sys.path:
 from experiments.configs import tradeoff as tradeoff_cfg  # noqa: E402
 from repdef_jax import data as data_lib  # noqa: E402
 from repdef_jax import defenses  # noqa: E402
+from repdef_jax import host  # noqa: E402
 from repdef_jax import models  # noqa: E402
 from repdef_jax.paper import cost  # noqa: E402
 from repdef_jax.paper import harness  # noqa: E402
@@ -117,6 +118,8 @@ def test_tiny_end_to_end_and_resume(mock_env):
   assert est["extrapolated"] == ["mlp/mnist from logreg/mnist"]
   train_rate = cost.rates(saved["cell_costs"])[("logreg/mnist", "train",
                                                  "plain")]
+  # Each cell's cost names the CPU it ran on (as the cell recorded it).
+  assert {c["cpu"] for c in saved["cell_costs"]} == {host.describe()["cpu"]}
   none_train = [c for c in cells if c["panel"] == "logreg_mnist" and
                 c["kind"] == "train" and c["defense"] == "none"][0]
   assert cost.work(bigger, none_train) == 2 * cost.work(config, none_train)

@@ -105,10 +105,12 @@ def preset_costs(unit: dict[str, Any],
 
   Returns:
     One ``{'preset', 'cells', 'cpu_h', 'gpu_h', 'gpu_model', 'by_model_h',
-    'by_kind_h', 'measured_h', 'measured_by_kind_h', 'unknown',
-    'extrapolated'}`` per preset; ``measured_h`` and ``measured_by_kind_h``
-    are the committed run's cell time in all and by kind of cell (medium
-    only, else None).
+    'by_kind_h', 'measured_h', 'measured_by_kind_h', 'measured_cpus',
+    'unknown', 'extrapolated'}`` per preset; ``measured_h`` and
+    ``measured_by_kind_h`` are the committed run's cell time in all and by
+    kind of cell, ``measured_cpus`` its cells per CPU model ('not recorded'
+    for cells of runs before the model was stored) (medium only, else
+    None).
   """
   # The paper package is above the library; imported here, not at the top,
   # so that the other benchmark parts do not load it.
@@ -121,13 +123,15 @@ def preset_costs(unit: dict[str, Any],
     config = tradeoff_cfg.get_config(preset)
     est = cost.estimate(config, sweep.plan(config), None, reference="",
                         units=unit)
-    measured, by_kind = None, None
+    measured, by_kind, cpus = None, None, None
     if preset == "medium" and os.path.exists(MEASURED_MEDIUM):
       run = storage.read_json(MEASURED_MEDIUM)
       measured = run.get("cell_seconds")
-      by_kind = {}
+      by_kind, cpus = {}, {}
       for c in run.get("cell_costs", []):
         by_kind[c["kind"]] = by_kind.get(c["kind"], 0.0) + c["seconds"] / 3600
+        cpu = c.get("cpu") or "not recorded"
+        cpus[cpu] = cpus.get(cpu, 0) + 1
     out.append({
         "preset": preset, "cells": est["cells"],
         "cpu_h": est["seconds"] / 3600,
@@ -139,5 +143,6 @@ def preset_costs(unit: dict[str, Any],
         "by_kind_h": {k: v / 3600 for k, v in est["by_kind"].items()},
         "measured_h": measured / 3600 if measured else None,
         "measured_by_kind_h": by_kind or None,
+        "measured_cpus": cpus or None,
         "unknown": est["unknown"], "extrapolated": est["extrapolated"]})
   return out

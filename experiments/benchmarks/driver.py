@@ -519,11 +519,18 @@ def render_markdown(report: dict[str, Any],
       measured = p.get("measured_by_kind_h") or {}
       kinds = [k for k in sorted(measured) if k in p.get("by_kind_h", {})]
       if kinds:
+        cpus = "; ".join(
+            f"{n} with no CPU recorded" if cpu == "not recorded" else
+            f"{n} on {cpu}"
+            for cpu, n in sorted((p.get("measured_cpus") or {}).items()))
         lines += ["", f"{p['preset']}, estimated / measured hours by kind "
                   "of cell: " + "; ".join(
                       f"{k} {_fmt(p['by_kind_h'][k])} / {_fmt(measured[k])} "
                       f"({_fmt(p['by_kind_h'][k] / measured[k])}x)"
-                      for k in kinds) + "."]
+                      for k in kinds) +
+                  f". The run's cells: {cpus or '?'}; the unit costs: "
+                  f"{report.get('machine', {}).get('cpu', '?')} (times on "
+                  "different CPUs compare only roughly)."]
   return "\n".join(lines) + "\n"
 
 

@@ -92,7 +92,8 @@ def work(config, cell: dict[str, Any]) -> float:
 
 
 def cell_costs(config, cells: Sequence[tuple[dict, dict]]) -> list[dict]:
-  """``[{model, kind, family, work, seconds}]`` of finished cells."""
+  """``[{model, kind, family, work, seconds, cpu}]`` of finished cells
+  (``cpu``: the CPU model the cell ran on; None where not recorded)."""
   out = []
   for cell, result in cells:
     if "cell_seconds" not in result:
@@ -100,7 +101,8 @@ def cell_costs(config, cells: Sequence[tuple[dict, dict]]) -> list[dict]:
     out.append({"model": model_key(config, cell["panel"]),
                 "kind": cell["kind"], "family": family(cell["defense"]),
                 "work": work(config, cell),
-                "seconds": float(result["cell_seconds"])})
+                "seconds": float(result["cell_seconds"]),
+                "cpu": result.get("host", {}).get("cpu")})
   return out
 
 

@@ -25,6 +25,7 @@ from repdef_jax import data as data_lib
 from repdef_jax import defenses as defenses_lib
 from repdef_jax import fedavg
 from repdef_jax import gradients
+from repdef_jax import host
 from repdef_jax import metrics as metrics_lib
 from repdef_jax import models as models_lib
 from repdef_jax import storage
@@ -414,7 +415,7 @@ class CellStore:
     start = time.perf_counter()
     value = fn()
     value = {**value, "cell_seconds": time.perf_counter() - start,
-             "settings": settings}
+             "host": host.describe(), "settings": settings}
     self.put(name, value)
     if progress is not None:
       progress.step(name)
