@@ -178,6 +178,62 @@ def test_torch_lbfgs_minimises_quadratic():
   np.testing.assert_allclose(p["w"], 1.0 / jnp.arange(1.0, 6.0), atol=1e-4)
 
 
+def _numpy_torch_lbfgs_steps(grad, x0, steps, memory):
+  """torch.optim.LBFGS's rule (lr 1, no line search), written out in NumPy:
+  pairs kept when y^T s > 1e-10, oldest dropped past ``memory``."""
+  x, s_list, y_list, h_diag = np.array(x0, np.float64), [], [], 1.0
+  prev_x = prev_g = None
+  out = []
+  for it in range(steps):
+    g = grad(x)
+    if it:
+      s, y = x - prev_x, g - prev_g
+      ys = y @ s
+      if ys > 1e-10:
+        if len(s_list) == memory:
+          s_list.pop(0), y_list.pop(0)
+        s_list.append(s), y_list.append(y)
+        h_diag = ys / (y @ y)
+    q, al = -g, []
+    for s, y in zip(reversed(s_list), reversed(y_list)):
+      a = (s @ q) / (y @ s)
+      al.append(a)
+      q = q - a * y
+    d = q * h_diag
+    for (s, y), a in zip(zip(s_list, y_list), reversed(al)):
+      d = d + (a - (y @ d) / (y @ s)) * s
+    t = min(1.0, 1.0 / np.abs(g).sum()) if it == 0 else 1.0
+    prev_x, prev_g = x, g
+    x = x + t * d
+    out.append(x)
+  return np.array(out)
+
+
+@pytest.mark.parametrize("memory", [7, 13])
+def test_torch_lbfgs_follows_the_torch_rule_past_a_full_history(memory):
+  """Every iterate equals the NumPy rule's, while the ring buffer fills and
+  after it wraps (16-19 pairs are stored; memories that are not multiples
+  of the loop's unroll)."""
+  c = np.logspace(-1.0, 1.0, 20)
+  f = lambda w: jnp.sum(c * w ** 2) + 0.3 * jnp.sum(jnp.sin(3.0 * w))
+  grad_np = lambda w: 2 * c * w + 0.9 * np.cos(3.0 * w)
+  x0 = np.linspace(-1.0, 1.5, 20)
+  opt = lbfgs.torch_lbfgs(1.0, memory)
+  steps = 3 * memory
+
+  @jax.jit
+  def run(w):
+    def step(carry, _):
+      w, st = carry
+      u, st = opt.update(jax.grad(f)(w), st, w)
+      return (w + u, st), w + u
+    return jax.lax.scan(step, (w, opt.init(w)), None, length=steps)[1]
+
+  ours = np.asarray(run(jnp.asarray(x0, jnp.float32)))
+  ref = _numpy_torch_lbfgs_steps(grad_np, x0, steps, memory)
+  np.testing.assert_allclose(ours, ref, rtol=2e-3, atol=2e-4)
+
+
 # ----------------------------------------------------------------- GS
 
 def test_gs_reconstructs_on_small_model():
