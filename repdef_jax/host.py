@@ -1,27 +1,27 @@
-"""Opt-in: one JAX CPU device per core, so independent work runs on all of them.
+"""How work maps onto the host: the CPU's cores, and what it is.
 
 XLA's CPU backend spreads one device's work over the cores poorly for the
-small convolutions of the paper's models; with one host device per core the
-clients of a FedAvg round (:func:`repdef_jax.fedavg.client_mesh`) and a
-batch of independent attacks (:func:`repdef_jax.attacks.base.
-over_devices`) are sharded over them (:func:`cpu_mesh`); measured on a
-2-core CPU in docs/scaling.md (LeNet rounds 1.2-1.8x, attack batches
-1.2-1.8x). Set ``REPDEF_JAX_CPU_DEVICES=n`` (n >= 2; ``0``: one per usable
-core) before ``import repdef_jax`` to turn it on; it applies unless JAX has
-started already or the CPU device count is set elsewhere (``XLA_FLAGS``
-with ``--xla_force_host_platform_device_count``, ``jax_num_cpu_devices``).
+small convolutions of the paper's models. Always on: :func:`sequential_map`,
+the compiled loop over independent items (clients, examples, Jacobian
+chunks) that the library runs where ``vmap`` would be slower on CPU, keeps
+two iterations in flight so that both cores work.
 
-Always on: :func:`sequential_map`, the compiled loop over independent items
-(clients, examples, Jacobian chunks) that the library runs where ``vmap``
-would be slower on CPU, keeps two iterations in flight so that both cores
-work.
+Opt-in: one JAX CPU device per core. Then the clients of a FedAvg round
+(:func:`repdef_jax.fedavg.client_mesh`) and a batch of independent attacks
+(:func:`repdef_jax.attacks.base.over_devices`) are sharded over them
+(:func:`cpu_mesh`); measured on a 2-core CPU in docs/scaling.md (LeNet
+rounds 1.2-1.8x, attack batches 1.2-1.8x). Set ``REPDEF_JAX_CPU_DEVICES=n``
+(n >= 2; ``0``: one per usable core) before ``import repdef_jax`` to turn it
+on; it applies unless JAX has started already or the CPU device count is
+set elsewhere (``XLA_FLAGS`` with ``--xla_force_host_platform_device_count``,
+``jax_num_cpu_devices``). It is not the default: in one long run with 2
+host devices (the adaptive experiment, after 5 cells) a single-device
+jitted program never completed, every XLA thread idle (docs/scaling.md).
+Until that hang is understood, one CPU device is the default. Results with
+several devices equal the one-device results to float rounding, not bit for
+bit. On a GPU/TPU host the extra CPU devices are unused.
 
-Several devices are not the default: in one long run with 2 host devices (the adaptive
-experiment, after 5 cells) a single-device jitted program never completed,
-every XLA thread idle (docs/scaling.md). Until that hang is understood, one
-CPU device is the default. Results with several devices equal the one-device
-results to float rounding, not bit for bit. On a GPU/TPU host the extra CPU
-devices are unused.
+:func:`describe` names the machine (stored beside every timed cell).
 """
 
 from __future__ import annotations
