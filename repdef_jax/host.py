@@ -44,18 +44,24 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def cpuinfo(key: str) -> str | None:
+  """The value of the first ``/proc/cpuinfo`` line starting with ``key``
+  (lower case, e.g. 'model name'), or None (no such line, not Linux)."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.lower().startswith(key):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    return None
+  return None
+
+
 def describe() -> dict[str, Any]:
   """Where this process computes: CPU model, usable cores, JAX backend and
   device kind (stored beside timings, so that times taken on different
   machines are not compared as if alike)."""
-  cpu = None
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      cpu = next((line.split(":", 1)[1].strip() for line in f
-                  if line.lower().startswith("model name")), None)
-  except OSError:
-    pass
-  return {"cpu": cpu or platform.processor() or None,
+  return {"cpu": cpuinfo("model name") or platform.processor() or None,
           "cores": usable_cores(), "backend": jax.default_backend(),
           "device_kind": jax.devices()[0].device_kind}
 

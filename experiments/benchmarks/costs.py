@@ -16,7 +16,7 @@ import jax
 
 from experiments.benchmarks import attack as attack_bench
 from experiments.benchmarks import fedavg as fedavg_bench
-from experiments.benchmarks import timing
+from repdef_jax import host
 
 DATASETS = {"mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
 # name -> (registry name, model kwargs).
@@ -61,7 +61,7 @@ def unit_costs(models: Sequence[str] = tuple(MODELS),
                                         "kwargs": MODELS[k][1]}
                                     for k in (*models, *attack_models)},
                          "backend": jax.default_backend(),
-                         "cores": timing.cores()}
+                         "cores": host.usable_cores()}
   for key in models:
     name, kwargs = MODELS[key]
     per_model = out["fedavg_step"].setdefault(key, {})

@@ -31,6 +31,8 @@ from typing import Any, Callable
 
 import jax
 
+from repdef_jax import host
+
 _MIB = 1024.0 * 1024.0
 # Dense fp32 peak on the CUDA cores (no tensor cores), TFLOP/s, NVIDIA's
 # datasheets; matched against JAX's device_kind, first match wins.
@@ -178,24 +180,6 @@ def xla_memory(compiled: Any) -> dict[str, float]:
   return out
 
 
-def _cpuinfo(key: str) -> str | None:
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.lower().startswith(key):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    return None
-  return None
-
-
-def cores() -> int:
-  """Cores this process may run on."""
-  if hasattr(os, "sched_getaffinity"):
-    return len(os.sched_getaffinity(0))
-  return os.cpu_count() or 1
-
-
 def _lscpu() -> dict[str, str]:
   try:
     out = subprocess.run(["lscpu"], capture_output=True, text=True,
@@ -234,12 +218,12 @@ def cpu_peak() -> dict[str, Any]:
   true peak higher), and FLOP/cycle from :func:`flops_per_cycle`.
   """
   lscpu = _lscpu()
-  mhz = [float(v) for v in (_cpuinfo("cpu mhz"), lscpu.get("cpu max mhz"))
-         if v]
+  mhz = [float(v) for v in (host.cpuinfo("cpu mhz"),
+                            lscpu.get("cpu max mhz")) if v]
   ghz = max(mhz) / 1000.0 if mhz else None
-  n = cores()
-  flags = set((_cpuinfo("flags") or "").split())
-  per_cycle, why = flops_per_cycle(_cpuinfo("vendor_id") or "", flags)
+  n = host.usable_cores()
+  flags = set((host.cpuinfo("flags") or "").split())
+  per_cycle, why = flops_per_cycle(host.cpuinfo("vendor_id") or "", flags)
   peak = ghz * per_cycle * n if ghz else None
   return {
       "gflops": peak, "ghz": ghz, "cores": n,
@@ -332,9 +316,9 @@ def machine_info() -> dict[str, Any]:
   # environment.
   commit = commit or os.environ.get("REPDEF_GIT_COMMIT")
   return {
-      "cpu": _cpuinfo("model name") or platform.processor() or "unknown",
-      "cpu_family": _cpuinfo("cpu family"),
-      "cores": cores(),
+      "cpu": host.cpuinfo("model name") or platform.processor() or "unknown",
+      "cpu_family": host.cpuinfo("cpu family"),
+      "cores": host.usable_cores(),
       "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg")
                       else None,
       "python": platform.python_version(),
