@@ -8,9 +8,9 @@ static under ``jax.jit``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-import chex
 import jax
 import jax.numpy as jnp
 
@@ -75,19 +75,39 @@ def batch_loss(model: models_lib.Model, params: Params, x: jax.Array,
   Raises:
     ValueError: ``y`` or ``mask`` does not have one entry per image.
   """
-  if jnp.ndim(y) < 1 or y.shape[0] != x.shape[0]:
-    raise ValueError(f"y has {y.shape[0] if jnp.ndim(y) else 0} labels for "
-                     f"{x.shape[0]} images (x of shape {tuple(x.shape)}); "
-                     "y must be [B] (hard) or [B, K] (soft).")
+  _check_labels(x, y)
   if mask is not None and tuple(jnp.shape(mask)) != (x.shape[0],):
     raise ValueError(f"mask must have shape [B] = ({x.shape[0]},) for "
                      f"{x.shape[0]} images; got shape "
                      f"{tuple(jnp.shape(mask))}.")
-  losses = cross_entropy(model.apply(params, x), y)
   if mask is None:
-    return jnp.mean(losses)
+    return jnp.mean(cross_entropy(model.apply(params, x), y))
+  x, y = drop_padding(x, y, mask)
+  losses = cross_entropy(model.apply(params, x), y)
   mask = mask.astype(losses.dtype)
   return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _check_labels(x: jax.Array, y: jax.Array) -> None:
+  if jnp.ndim(y) < 1 or y.shape[0] != x.shape[0]:
+    raise ValueError(f"y has {y.shape[0] if jnp.ndim(y) else 0} labels for "
+                     f"{x.shape[0]} images (x of shape {tuple(x.shape)}); "
+                     "y must be [B] (hard) or [B, K] (soft).")
+
+
+def drop_padding(x: jax.Array, y: jax.Array,
+                 mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``x`` and ``y`` with the padded rows (``mask == 0``) set to 0.
+
+  A padded row's loss is multiplied by 0 afterwards, but ``0 * nan`` is
+  nan: padding that holds NaN pixels or an out-of-range label (-1 is a
+  common choice) would otherwise reach the gradient. Rows already 0 (how
+  :func:`repdef_jax.partition.pack` pads) are unchanged, bit for bit.
+  """
+  keep = mask > 0
+  x = jnp.where(keep.reshape(keep.shape + (1,) * (x.ndim - 1)), x, 0)
+  y = jnp.where(keep.reshape(keep.shape + (1,) * (y.ndim - 1)), y, 0)
+  return x, y
 
 
 def batch_grad(model: models_lib.Model, params: Params, x: jax.Array,
@@ -107,6 +127,11 @@ def local_update_direction(model: models_lib.Model, params: Params,
   that unrolls the client's local training matches this instead of one
   gradient (Geiping et al. 2020, Sec. 6).
   """
+  if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+    raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
+  if isinstance(lr, (int, float)) and not (math.isfinite(lr) and lr != 0):
+    raise ValueError(f"lr must be a finite nonzero number, got {lr!r}.")
+
   def step(p, _):
     g = batch_grad(model, p, x, y)
     return jax.tree_util.tree_map(lambda w, gw: w - lr * gw, p, g), None
@@ -140,7 +165,7 @@ def per_example_grads(model: models_lib.Model, params: Params, x: jax.Array,
     axis of size B. Their mean over B equals :func:`batch_grad`.
   """
   model.check_input(x)
-  chex.assert_equal_shape_prefix([x, y], 1)
+  _check_labels(x, y)
   fn = jax.value_and_grad(lambda p, xi, yi: example_loss(model, p, xi, yi))
   chunk = per_example_chunk(model, params) if chunk is None else int(chunk)
   if chunk < 1:

@@ -110,6 +110,23 @@ def test_dp_sgd_clipping_padding_and_noise_after_sum():
   np.testing.assert_allclose(np.std(resid), sigma * clip / 3, rtol=0.1)
 
 
+def test_dp_sgd_padding_with_nan_and_bad_mask():
+  model, params, x, y = _model()
+  mask = jnp.array([1, 1, 1, 0])
+  clean = base.ClientBatch(params, x.at[3].set(0.0), y, mask)
+  dirty = base.ClientBatch(params, x.at[3].set(jnp.nan), y.at[3].set(-1),
+                           mask)
+  d = B.dp_sgd(model, 1e-3, 0.5)
+  want, info_w = d(None, clean, jax.random.key(1))
+  got, info_g = d(None, dirty, jax.random.key(1))
+  for a, b in zip(jax.tree_util.tree_leaves(want),
+                  jax.tree_util.tree_leaves(got)):
+    np.testing.assert_array_equal(a, b)
+  assert float(info_g["mean_grad_norm"]) == float(info_w["mean_grad_norm"])
+  with pytest.raises(ValueError, match=r"batch.mask must have shape \[B\]"):
+    d(None, base.ClientBatch(params, x, y, jnp.ones(3)), jax.random.key(1))
+
+
 def test_dp_sgd_validation_and_epsilon():
   model, *_ = _model()
   with pytest.raises(ValueError, match="clip_norm"):

@@ -95,6 +95,38 @@ def test_mask_ignores_padding(setup):
   _close(g_mask, g_real, rtol=1e-5, atol=1e-7)
 
 
+def test_nan_or_negative_label_padding_stays_out(setup):
+  """0 * nan is nan: padded rows are zeroed before the forward pass."""
+  model, params, x, y = setup
+  mask = jnp.array([1, 1, 1, 0, 0])
+  xp = x.at[3].set(jnp.nan)
+  yp = y.at[4].set(-1)
+  g_real = gradients.batch_grad(model, params, x[:3], y[:3])
+  g_pad = jax.jit(gradients.batch_grad, static_argnums=0)(model, params, xp,
+                                                          yp, mask)
+  _close(g_pad, g_real, rtol=1e-5, atol=1e-7)
+  # Unmasked, the same label is still an error signal (NaN), not hidden.
+  assert not np.isfinite(float(gradients.batch_loss(model, params, x, yp)))
+
+
+def test_per_example_chunked_loop_equals_vmap(setup):
+  model, params, x, y = setup
+  _, full = gradients.per_example_grads(model, params, x, y, chunk=8)
+  _, looped = jax.jit(lambda p: gradients.per_example_grads(
+      model, p, x, y, chunk=2))(params)
+  _close(looped, full, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_arguments_name_themselves(setup):
+  model, params, x, y = setup
+  with pytest.raises(ValueError, match="y has 2 labels for 5 images"):
+    gradients.per_example_grads(model, params, x, y[:2])
+  with pytest.raises(ValueError, match="steps must be an int >= 1"):
+    gradients.local_update_direction(model, params, x, y, 0, 0.1)
+  with pytest.raises(ValueError, match="lr must be a finite nonzero"):
+    gradients.local_update_direction(model, params, x, y, 2, 0.0)
+
+
 def test_grad_checks_name_the_problem(setup):
   model, params, _, _ = setup
   bad = jax.tree_util.tree_map(jnp.zeros_like, params)

@@ -116,12 +116,29 @@ def test_count_mask_exact_count_and_tie_break():
   np.testing.assert_array_equal(m, [0, 0, 1, 1, 1, 1, 1, 1])  # lower index first
   inactive = jnp.array([True, True, True, False, False, True, False, False])
   m = S.mask_from_scores(scores, 25, selection="count", inactive=inactive)
-  np.testing.assert_array_equal(m, [1, 1, 1, 1, 0, 1, 1, 1] and
-                                [1, 1, 1, 0, 0, 1, 1, 1])
+  np.testing.assert_array_equal(m, [1, 1, 1, 0, 0, 1, 1, 1])
+  with pytest.raises(ValueError, match="inactive must have the shape"):
+    S.mask_from_scores(scores, 25, selection="count", inactive=inactive[:5])
   # traced percent works under jit
   mj = jax.jit(lambda p: S.mask_from_scores(scores, p, selection="count"))(25.0)
   np.testing.assert_array_equal(mj, S.mask_from_scores(scores, 25,
                                                        selection="count"))
+
+
+def test_count_is_exact_at_half_ties():
+  """round(p / 100 * F) half to even, on exact values (float32 misses some)."""
+  for num, pct, want in [(50, 59, 30), (45, 70, 32), (10, 25, 2),
+                         (10, 35, 4), (588, 60, 353)]:
+    m = S.mask_from_scores(jnp.arange(num, dtype=jnp.float32), pct,
+                           selection="count")
+    assert int(jnp.sum(m == 0)) == want, (num, pct)
+
+
+def test_negative_scores_prune_the_signed_smallest():
+  """The documented departure: no abs() before the percentile comparison."""
+  scores = jnp.array([-5.0, -1.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0])
+  m = S.mask_from_scores(scores, 30)
+  np.testing.assert_array_equal(m, [0, 0, 0, 1, 1, 1, 1, 1])
 
 
 @pytest.mark.parametrize("bad", [-1, 100.5, float("nan"), "x"])
@@ -141,6 +158,18 @@ def test_bad_choices():
     S.soteria(model, 10, selection="foo")
   with pytest.raises(ValueError, match="q"):
     S.soteria(model, 10, q=7)
+  for eps in [float("nan"), -1.0, "a"]:
+    with pytest.raises(ValueError, match="eps must be a finite number"):
+      S.soteria(model, 10, eps=eps)
+  for chunk in [0, "a", 2.5]:
+    with pytest.raises(ValueError, match="jacobian_chunk must be"):
+      S.soteria(model, 10, jacobian_chunk=chunk)
+  x = jnp.zeros((3, 4, 4, 1))
+  params = model.init(jax.random.key(0))
+  d = S.soteria(model, 10)
+  with pytest.raises(ValueError, match=r"batch.mask must have shape \[B\]"):
+    d(params, base.ClientBatch(params, x, jnp.zeros(3, int), jnp.ones(4)),
+      jax.random.key(0))
 
 
 def _check_only_rows_zeroed(g0, g1, mask, path=("head",), protect_bias=False):
@@ -206,6 +235,21 @@ def test_defense_end_to_end_jit_equals_eager(score, selection):
                        "nonfinite_input"}
   assert float(info["nonfinite_input"]) == 0.0
   assert info2["pruned_fraction"] == info["pruned_fraction"]
+
+
+@pytest.mark.parametrize("jacobian", ["rev", "fwd"])
+def test_factory_modes_and_protect_bias(jacobian):
+  """Forced Jacobian modes give the 'auto' mask; protect_bias zeroes the bias."""
+  model, params, x, y = _setup("lenet", (12, 12, 1), b=2)
+  g = gradients.batch_grad(model, params, x, y)
+  batch = base.ClientBatch(params, x, y)
+  g_auto, _ = S.soteria(model, 50)(g, batch, jax.random.key(0))
+  g_mode, _ = S.soteria(model, 50, jacobian=jacobian, protect_bias=True)(
+      g, batch, jax.random.key(0))
+  keep = np.any(np.asarray(g_auto["head"]["kernel"]) != 0, axis=1)
+  assert 0 < keep.mean() < 1
+  _check_only_rows_zeroed(g, g_mode, keep.astype(np.float32),
+                          protect_bias=True)
 
 
 def test_relu_effective_fraction_and_count_selection():

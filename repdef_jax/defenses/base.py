@@ -42,6 +42,22 @@ class ClientBatch(NamedTuple):
   mask: jax.Array | None = None
 
 
+def check_batch(batch: ClientBatch) -> None:
+  """Raises a ValueError unless ``y`` and ``mask`` have one entry per image.
+
+  Host-side (shapes are static under ``jit``); defenses that read the
+  batch call it so a mismatch is one line, not a broadcasting error.
+  """
+  b = batch.x.shape[0] if jnp.ndim(batch.x) else None
+  if b is None or jnp.ndim(batch.y) < 1 or batch.y.shape[0] != b:
+    raise ValueError(f"batch.y must be [B] or [B, K] with B = {b} (one "
+                     f"label per image of x {tuple(jnp.shape(batch.x))}); "
+                     f"got shape {tuple(jnp.shape(batch.y))}.")
+  if batch.mask is not None and tuple(jnp.shape(batch.mask)) != (b,):
+    raise ValueError(f"batch.mask must have shape [B] = ({b},); got shape "
+                     f"{tuple(jnp.shape(batch.mask))}.")
+
+
 class Defense(NamedTuple):
   """A named pure function ``apply(grads, batch, key) -> (grads, info)``."""
 

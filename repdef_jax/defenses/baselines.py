@@ -169,12 +169,14 @@ def dp_sgd(model: models_lib.Model, clip_norm: Any,
 
   def apply(grads, batch: base.ClientBatch, key):
     del grads
-    _, per_ex = gradients_lib.per_example_grads(model, batch.params, batch.x,
-                                                batch.y)
-    clipped, norms = jax.vmap(lambda g: clip_by_global_norm(g, clip))(per_ex)
+    base.check_batch(batch)
     b = batch.x.shape[0]
     weights = (jnp.ones((b,), jnp.float32) if batch.mask is None else
                batch.mask.astype(jnp.float32))
+    x, y = ((batch.x, batch.y) if batch.mask is None else
+            gradients_lib.drop_padding(batch.x, batch.y, batch.mask))
+    _, per_ex = gradients_lib.per_example_grads(model, batch.params, x, y)
+    clipped, norms = jax.vmap(lambda g: clip_by_global_norm(g, clip))(per_ex)
     count = jnp.maximum(jnp.sum(weights), 1.0)
     keys = _keys_like(key, batch.params)
 

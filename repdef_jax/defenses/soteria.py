@@ -24,13 +24,17 @@ Departures from the paper / reference code (all opt-in except the first):
   features last) and ``score='exact'`` (the paper's pseudo-inverse score
   instead of the reference's approximation) fix the reference's known
   weaknesses; ``selection='percentile'`` with ``score='reference'`` (the
-  defaults) reproduce the reference exactly.
+  defaults) reproduce the reference exactly wherever its scores are >= 0
+  (every sigmoid / ReLU representation): the reference prunes
+  ``abs(score) < percentile(score)``, we prune ``score < percentile``, so
+  that the 'exact' scores, <= 0 by design, keep their orientation.
 * ``protect_bias=True`` also zeroes the defended layer's bias gradient,
   whose ratio to a kernel row reveals a single image's ``r`` exactly.
 """
 
 from __future__ import annotations
 
+import fractions
 import math
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -370,7 +374,9 @@ def mask_from_scores(scores: jax.Array,
     percent: pruning rate in percent, in [0, 100] (may be traced).
     selection: 'percentile': prune every feature whose score is strictly below
       ``np.percentile(scores, percent)`` (linear interpolation), ties kept,
-      exactly as the reference code; 'count': prune exactly
+      as the reference code (which compares ``abs(scores)`` with that
+      threshold: the same mask for its scores, which are >= 0, and not
+      applied here, where 'exact' scores are <= 0 by design); 'count': prune exactly
       ``round(percent / 100 * F)`` features (round half to even), smallest
       score first, ties broken by lower feature index first.
     inactive: optional boolean ``[F]``; with 'count', these features are
@@ -394,17 +400,27 @@ def mask_from_scores(scores: jax.Array,
   if selection == "percentile":
     threshold = jnp.percentile(scores, percent, method="linear")
     return (scores >= threshold).astype(dtype)
-  order_key = scores
+  order = jnp.argsort(scores, stable=True)
   if inactive is not None:
+    if tuple(jnp.shape(inactive)) != (num,):
+      raise ValueError(f"inactive must have the shape of scores ({num},); "
+                       f"got shape {tuple(jnp.shape(inactive))}.")
     # Two stable sorts = lexicographic (inactive last, then score, then index).
-    order = jnp.argsort(scores, stable=True)
     order = order[jnp.argsort(inactive[order].astype(jnp.int32), stable=True)]
-  else:
-    order = jnp.argsort(order_key, stable=True)
   rank = jnp.zeros((num,), jnp.int32).at[order].set(
       jnp.arange(num, dtype=jnp.int32))
-  n_prune = jnp.round(jnp.asarray(percent, jnp.float32) / 100.0 * num)
-  return (rank >= n_prune).astype(dtype)
+  return (rank >= _prune_count(percent, num)).astype(dtype)
+
+
+def _prune_count(percent: Any, num: int) -> Any:
+  """``round(percent / 100 * num)``, half to even.
+
+  Exact for a concrete ``percent`` (a float32 product would break some
+  ties, e.g. 59 % of 50 to 29 instead of 30); float32 when traced.
+  """
+  if isinstance(percent, jax.core.Tracer):
+    return jnp.round(jnp.asarray(percent, jnp.float32) / 100.0 * num)
+  return round(fractions.Fraction(float(percent)) * num / 100)
 
 
 def pruning_info(keep: jax.Array, active: jax.Array) -> base.Info:
@@ -640,10 +656,21 @@ def soteria(model: models_lib.Model,
   qname = _resolve_q(q)
   if qname == "q0":
     check_percent(percent)
-  eps = model.score_eps if eps is None else float(eps)
-  if eps < 0:
-    raise ValueError(f"eps must be >= 0 (or None for model.score_eps), got "
-                     f"{eps}.")
+  if eps is None:
+    eps = model.score_eps
+  else:
+    try:
+      eps = float(eps)
+    except (TypeError, ValueError):
+      eps = math.nan
+    if not (math.isfinite(eps) and eps >= 0):
+      raise ValueError(f"eps must be a finite number >= 0 (or None for "
+                       f"model.score_eps), got {eps!r}.")
+  if jacobian_chunk is not None and (
+      not isinstance(jacobian_chunk, int) or isinstance(jacobian_chunk, bool)
+      or jacobian_chunk < 1):
+    raise ValueError(f"jacobian_chunk must be a positive int or None, got "
+                     f"{jacobian_chunk!r}.")
   defended_layer(jax.eval_shape(model.init, jax.random.key(0)), model)
   perturb = PERTURBATIONS[qname]
   jac_model = (model if jacobian_conv_impl is None
@@ -651,6 +678,7 @@ def soteria(model: models_lib.Model,
 
   def apply(grads, batch: base.ClientBatch, key):
     del key
+    base.check_batch(batch)
     weights = (jnp.ones(batch.x.shape[:1], batch.x.dtype)
                if batch.mask is None else batch.mask.astype(batch.x.dtype))
     if jacobian == "auto" and score == "reference":
