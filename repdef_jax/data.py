@@ -640,18 +640,31 @@ def write_sample(data_dir: PathLike, out_dir: PathLike) -> dict[str, str]:
   ``<split>_labels`` for every split in :data:`SAMPLE_SPLITS`: the first
   :data:`SAMPLE_SIZE` records of each.
 
+  Every split is read before anything is written.
+
   Returns:
     ``{name: path}``.
+
+  Raises:
+    DataNotFoundError: a split has no prepared TFDS copy in ``data_dir`` (a
+      download cache does not count: its records are in another order).
   """
-  paths = {}
+  blobs = {}
   for name, splits in SAMPLE_SPLITS.items():
     arrays = {}
     for split in splits:
-      images, labels = load(name, split, data_dir, max_examples=SAMPLE_SIZE,
-                            download=False)
+      images, labels, source = load_with_source(
+          name, split, data_dir, max_examples=SAMPLE_SIZE, download=False,
+          sample=False)
+      if source.kind != "tfds":
+        raise DataNotFoundError(
+            f"No prepared TFDS copy of {name!r} split {split!r} in "
+            f"{data_dir} (found {source}); the sample is built from TFDS "
+            "copies only.")
       arrays[f"{split}_images"], arrays[f"{split}_labels"] = images, labels
     buffer = BytesIO()
     np.savez_compressed(buffer, **arrays)
-    paths[name] = os.path.join(os.fspath(out_dir), f"{name}.npz")
-    storage.write_bytes(paths[name], buffer.getvalue())
-  return paths
+    blobs[os.path.join(os.fspath(out_dir), f"{name}.npz")] = buffer.getvalue()
+  for path, blob in blobs.items():
+    storage.write_bytes(path, blob)
+  return {name: path for name, path in zip(SAMPLE_SPLITS, blobs)}

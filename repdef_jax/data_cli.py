@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
   names = sorted(download.ORIGINS)
   prepare.add_argument("names", nargs="+", choices=names, metavar="NAME",
                        help=f"one of {names}")
-  prepare.add_argument("--mirror",
-                       help=f"mirror root URL (${download.MIRROR_ENV})")
+  prepare.add_argument("--mirror", help="mirror root URL or local folder "
+                       f"(${download.MIRROR_ENV})")
   prepare.add_argument("--checksums", help="sha256sum-style file for a "
                        f"mirror's own files (${download.CHECKSUMS_ENV})")
   prepare.add_argument("--cache_dir", help="default $REPDEF_JAX_CACHE or "
@@ -44,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
 
   if args.command == "sample":
-    for name, path in data.write_sample(args.data_dir, args.out_dir).items():
+    try:
+      paths = data.write_sample(args.data_dir, args.out_dir)
+    except (OSError, ValueError) as error:
+      print(f"repdef-data: sample: {error}", file=sys.stderr)
+      return 1
+    for name, path in paths.items():
       print(f"{name}: {path} ({os.path.getsize(path)} bytes)")
     return 0
   status = 0
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
       paths = data.prepare(name, cache_dir=args.cache_dir, mirror=args.mirror,
                            checksums=args.checksums, timeout=args.timeout)
-    except OSError as error:
+    except (OSError, ValueError) as error:
       print(f"repdef-data: {name}: {error}", file=sys.stderr)
       status = 1
       continue

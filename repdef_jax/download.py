@@ -20,10 +20,13 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import math
 import os
+import pathlib
 import tarfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Callable, Mapping, NamedTuple
 
@@ -101,14 +104,32 @@ def base_url(name: str, mirror: str | None = None) -> str:
 
   Args:
     name: a key of :data:`ORIGINS`.
-    mirror: a mirror's root URL (``file://`` works too); its files are
+    mirror: a mirror's root URL (``https://``, ``file://``...) or a local
+      folder (a path without a scheme, made a ``file://`` URL); its files are
       ``<mirror>/<name>/<file>``. Defaults to ``$REPDEF_JAX_MIRROR``, then to
       the original publisher.
   """
   mirror = mirror or os.environ.get(MIRROR_ENV) or None
   if mirror:
+    if not urllib.parse.urlsplit(mirror).scheme:  # A folder.
+      mirror = pathlib.Path(mirror).expanduser().resolve().as_uri()
     return f"{mirror.rstrip('/')}/{name}/"
   return ORIGINS[name].url
+
+
+def _timeout(timeout: float | None) -> float:
+  """``timeout``, else ``$REPDEF_JAX_DOWNLOAD_TIMEOUT``, else 15; checked."""
+  name, value = "timeout", timeout
+  if timeout is None:
+    name, value = TIMEOUT_ENV, os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT
+  try:
+    seconds = float(value)
+  except (TypeError, ValueError):
+    seconds = float("nan")
+  if not (math.isfinite(seconds) and seconds > 0):
+    raise ValueError(f"{name} must be a number of seconds > 0, got "
+                     f"{value!r}.")
+  return seconds
 
 
 def read_checksums(path: str) -> dict[str, str]:
@@ -159,9 +180,10 @@ def fetch(url: str, sha256: str, *, size: int | None = None,
 
   Raises:
     DownloadError: network failure, an over-long file or a digest mismatch.
+    ValueError: a timeout (or ``$REPDEF_JAX_DOWNLOAD_TIMEOUT``) that is not a
+      number > 0.
   """
-  if timeout is None:
-    timeout = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+  timeout = _timeout(timeout)
   digest, chunks, total = hashlib.sha256(), [], 0
   try:
     with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -266,7 +288,9 @@ def fetch_and_decode(name: str, *, mirror: str | None = None,
 
   Raises:
     DownloadError: a file could not be fetched, verified or decoded.
+    ValueError: a bad timeout (see :func:`fetch`).
   """
+  timeout = _timeout(timeout)
   checksums = checksums or os.environ.get(CHECKSUMS_ENV) or {}
   if isinstance(checksums, str):
     checksums = read_checksums(checksums)

@@ -712,8 +712,8 @@ def get_model(name: str,
     A :class:`Model`.
 
   Raises:
-    ValueError: unknown name, init or conv_impl, or an input shape the model
-      cannot take.
+    ValueError: unknown name, init, conv_impl or keyword argument, or an
+      input shape the model cannot take.
   """
   if name not in _MODULES:
     raise ValueError(f"Unknown model name {name!r}; valid names: "
@@ -733,6 +733,14 @@ def get_model(name: str,
   if num_classes < 2:
     raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
   cls, activation, fc_layers = _MODULES[name]
+  own = ("num_classes", "init_scheme", "conv_impl", "parent", "name")
+  accepted = [f.name for f in dataclasses.fields(cls)
+              if f.init and f.name not in own]
+  unknown = sorted(set(kwargs) - set(accepted))
+  if unknown:
+    raise ValueError(f"Unknown keyword argument(s) {', '.join(unknown)} for "
+                     f"model {name!r}; it accepts "
+                     f"{', '.join(accepted) or 'none'}.")
   if "hidden" in kwargs:
     n = len(kwargs["hidden"])
     fc_layers = tuple(f"fc{i}" for i in range(n)) + ("head",)

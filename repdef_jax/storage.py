@@ -17,8 +17,30 @@ from typing import Any, Iterator
 import numpy as np
 
 
+def _umask() -> int:
+  """The process's umask, read without changing it where Linux allows."""
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except (OSError, ValueError, IndexError):
+    pass
+  # Elsewhere: set and restore. The umask is process-wide: a file another
+  # thread creates in between gets umask 022.
+  old = os.umask(0o022)
+  os.umask(old)
+  return old
+
+
 @contextlib.contextmanager
 def _atomic_path(path: str) -> Iterator[str]:
+  """A temporary file next to ``path``, moved over it if the block succeeds.
+
+  mkstemp creates it with mode 0o600; it gets the mode ``open()`` gives a
+  new file (0o666 less the umask, e.g. 0o644) so that results stay readable
+  by the group and others as usual.
+  """
   folder = os.path.dirname(os.path.abspath(path))
   os.makedirs(folder, exist_ok=True)
   stem, ext = os.path.splitext(os.path.basename(path))
@@ -27,6 +49,7 @@ def _atomic_path(path: str) -> Iterator[str]:
   os.close(fd)
   try:
     yield tmp
+    os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):

@@ -9,6 +9,10 @@ workdir that survives being killed at any moment:
 * ``config.json``: the configuration. A workdir whose ``config.json`` differs
   in any setting that changes results is refused with a ValueError and left
   untouched.
+* ``data.json``: where the data came from (:func:`data_fingerprint`: the
+  source kind of each split, their sizes and a hash of the labels and of the
+  partition). A resume that loads other data (say the embedded sample where
+  the run started on a TFDS copy) is refused the same way.
 * ``checkpoints/<round>/``: orbax checkpoints of the server state every
   ``checkpoint_every`` rounds and at the end, the last
   ``checkpoints_to_keep`` kept. Written asynchronously (training goes on
@@ -22,7 +26,9 @@ workdir that survives being killed at any moment:
 
 All randomness is a function of (seed, round, client) (see
 :mod:`repdef_jax.fedavg`), so a resumed run is bit-for-bit the uninterrupted
-one.
+one when it runs with the same runtime settings (:data:`RUNTIME_KEYS`);
+``num_devices`` and ``client_chunk`` change the order of float sums, so with
+other values it equals it to float rounding.
 
 Several processes (``coordinator_address``, ``num_processes``,
 ``process_id``, or a cluster environment; :mod:`repdef_jax.distributed`)
@@ -35,8 +41,10 @@ workdir must be on a file system every process sees.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import logging
+import math
 import os
 import time
 from typing import Any, Optional
@@ -60,13 +68,18 @@ from repdef_jax import schedules
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
+DATA_FILE = "data.json"
 CHECKPOINT_DIR = "checkpoints"
 LEGACY_CHECKPOINT_FILE = "checkpoint.msgpack"  # Before orbax; refused.
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "accuracy.png"
 
-# Settings that do not change any result: allowed to differ on resume
-# ('rounds' too: a longer run continues a shorter one exactly).
+# Settings allowed to differ on resume. 'rounds' (a longer run continues a
+# shorter one exactly; fewer rounds than the workdir's latest checkpoint is
+# refused), 'data_dir' (the data it holds is checked against data.json),
+# logging, checkpointing and the processes change no result; 'num_devices'
+# and 'client_chunk' change how the clients are split and summed, so results
+# at float rounding level.
 RUNTIME_KEYS = ("rounds", "data_dir", "log_every", "plot", "num_devices",
                 "client_chunk", "checkpoint_every", "checkpoints_to_keep",
                 "coordinator_address", "num_processes", "process_id")
@@ -186,6 +199,18 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
   if config.num_devices < -1:
     raise ValueError(f"num_devices must be >= -1 (-1 = auto, 0 = all), got "
                      f"{config.num_devices}.")
+  if config.log_every < 1:
+    raise ValueError(f"log_every must be >= 1 (rounds between progress "
+                     f"lines), got {config.log_every}.")
+  if config.eval_batch < 1:
+    raise ValueError(f"eval_batch must be >= 1, got {config.eval_batch}.")
+  try:
+    server_lr = float(config.server_lr)
+  except (TypeError, ValueError):
+    server_lr = float("nan")
+  if not (math.isfinite(server_lr) and server_lr > 0):
+    raise ValueError(f"server_lr must be a finite number > 0 (1.0 = plain "
+                     f"FedAvg), got {config.server_lr!r}.")
 
 
 def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:
@@ -216,17 +241,92 @@ def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:
         f"repdef_jax (one flax msgpack file; checkpoints are now orbax "
         f"folders in {CHECKPOINT_DIR}/): finish it with the version that "
         "wrote it, or start over in another --workdir.")
+  latest = latest_checkpoint_round(workdir)
+  if latest is not None and latest > config.rounds:
+    raise ValueError(
+        f"{workdir} holds a checkpoint at round {latest}, past "
+        f"rounds={config.rounds}; nothing was changed. Pass rounds >= "
+        f"{latest} to continue it, or use another --workdir.")
   return True
 
 
-def build_data(config: ml_collections.ConfigDict):
-  """Loads the dataset and partitions it. Returns (ClientData, EvalData, info)."""
+def latest_checkpoint_round(workdir: str) -> int | None:
+  """The round of the workdir's latest checkpoint (None when it has none)."""
+  ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
+  steps = [int(n) for n in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir)
+                            else ()) if n.isdigit()]
+  return max(steps, default=None)
+
+
+def data_fingerprint(train_source: data_lib.Source, labels: Any,
+                     partition: Any, test_source: data_lib.Source,
+                     test_labels: Any) -> dict[str, Any]:
+  """What a run trains and evaluates on, compared on resume (``data.json``).
+
+  Args:
+    train_source: where the training split came from
+      (:func:`repdef_jax.data.load_with_source`).
+    labels: the training labels ``[N]``.
+    partition: one index array per client.
+    test_source: where the test split came from.
+    test_labels: the test labels.
+
+  Returns:
+    ``{'train_source', 'train_examples', 'test_source', 'test_examples',
+    'sha256'}``: the source kinds ('tfds', 'download', 'sample'), the split
+    sizes and a SHA-256 of the labels and of the partition's indices. The
+    folder is left out: moving a dataset (``data_dir`` is a runtime key)
+    keeps the fingerprint.
+  """
+  digest = hashlib.sha256()
+  for array in (labels, *partition, test_labels):
+    array = np.ascontiguousarray(array, np.int64)
+    digest.update(np.int64(array.size).tobytes())
+    digest.update(array.tobytes())
+  return {"train_source": train_source.kind, "train_examples": len(labels),
+          "test_source": test_source.kind, "test_examples": len(test_labels),
+          "sha256": digest.hexdigest()}
+
+
+def _describe_data(fingerprint: dict[str, Any]) -> str:
+  f = fingerprint
+  return (f"train: {f.get('train_source')}, {f.get('train_examples')} "
+          f"examples; test: {f.get('test_source')}, "
+          f"{f.get('test_examples')} examples; sha256 "
+          f"{str(f.get('sha256'))[:12]}")
+
+
+def _check_data(workdir: str, fingerprint: dict[str, Any]) -> None:
+  """Raises when a resumed run loads other data than it started on."""
+  saved = storage.read_json(os.path.join(workdir, DATA_FILE))
+  if saved is not None and saved != fingerprint:
+    raise ValueError(
+        f"{workdir} holds a run started on other data ({_describe_data(saved)})"
+        f" than this one loads ({_describe_data(fingerprint)}); nothing was "
+        "changed. Resume with the data the run started on (data_dir, "
+        "TFDS_DATA_DIR) or use another --workdir.")
+
+
+def build_data(config: ml_collections.ConfigDict,
+               with_fingerprint: bool = False):
+  """Loads the dataset and partitions it.
+
+  Args:
+    config: the run's config.
+    with_fingerprint: also return the data's :func:`data_fingerprint`.
+
+  Returns:
+    ``(ClientData, EvalData, DatasetInfo)``, and the fingerprint as a fourth
+    item with ``with_fingerprint``.
+  """
   info = data_lib.get_info(config.dataset)
   data_dir = config.data_dir or None
-  images, labels = data_lib.load(config.dataset, "train", data_dir,
-                                 max_examples=config.max_train_examples or None)
-  test_x, test_y = data_lib.load(config.dataset, "test", data_dir,
-                                 max_examples=config.max_test_examples or None)
+  images, labels, train_source = data_lib.load_with_source(
+      config.dataset, "train", data_dir,
+      max_examples=config.max_train_examples or None)
+  test_x, test_y, test_source = data_lib.load_with_source(
+      config.dataset, "test", data_dir,
+      max_examples=config.max_test_examples or None)
   if config.partition == "noniid":
     idx = partition_lib.noniid(
         labels, num_clients=config.num_clients,
@@ -244,18 +344,44 @@ def build_data(config: ml_collections.ConfigDict):
   else:
     raise ValueError(f"unknown partition {config.partition!r}; use noniid, "
                      "iid or dirichlet.")
-  clients = partition_lib.pack(data_lib.to_float(images), labels, idx)
+  # Packed first, then scaled: only the clients' images become float32.
+  clients = partition_lib.pack(images, labels, idx)
+  clients = clients.replace(x=data_lib.to_float(clients.x))
   test = fedavg.make_eval_data(data_lib.to_float(test_x),
                                np.asarray(test_y, np.int32), config.eval_batch)
-  return clients, test, info
+  if not with_fingerprint:
+    return clients, test, info
+  return clients, test, info, data_fingerprint(train_source, labels, idx,
+                                               test_source, test_y)
 
 
 def build_fedavg_config(config: ml_collections.ConfigDict,
-                        model: models_lib.Model) -> fedavg.FedAvgConfig:
-  """The :class:`repdef_jax.fedavg.FedAvgConfig` of a run config."""
+                        model: models_lib.Model,
+                        padded_size: Optional[int] = None
+                        ) -> fedavg.FedAvgConfig:
+  """The :class:`repdef_jax.fedavg.FedAvgConfig` of a run config.
+
+  Args:
+    config: the run's config.
+    model: its model (for the defense).
+    padded_size: the clients' padded size M (``ClientData.max_examples``);
+      needed by ``lr_schedule='theorem2'`` with ``local_epochs > 0``, whose
+      steps per round (gamma's I) depend on it.
+
+  Raises:
+    ValueError: invalid schedule settings, or theorem2 with local_epochs and
+      no padded_size.
+  """
   if config.lr_schedule == "theorem2":
-    lr = schedules.theorem2(config.mu, config.smoothness,
-                            max(config.local_steps, 1))
+    steps = config.local_steps
+    if config.local_epochs > 0:
+      if padded_size is None:
+        raise ValueError("lr_schedule='theorem2' with local_epochs > 0 needs "
+                         "padded_size (the steps per round depend on it).")
+      steps = fedavg.FedAvgConfig(
+          local_epochs=config.local_epochs,
+          batch_size=config.batch_size).steps_per_round(padded_size)
+    lr = schedules.theorem2(config.mu, config.smoothness, max(steps, 1))
   else:
     lr = schedules.get_schedule(config.lr_schedule, config.client_lr)
   defense = None
@@ -453,7 +579,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
   Raises:
     ValueError: invalid settings, a partition the dataset cannot satisfy, or
-      a workdir that holds a different run (left untouched).
+      a workdir that holds a different run: another configuration, other
+      data (``data.json``) or a checkpoint past ``rounds`` (left untouched).
   """
   full = default_config()
   full.update(config)
@@ -466,15 +593,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   resuming = _check_workdir(config, workdir)
   distributed.barrier("repdef_jax.training: workdir checked")
 
-  clients, test, info = build_data(config)
+  clients, test, info, fingerprint = build_data(config, with_fingerprint=True)
+  if resuming:
+    _check_data(workdir, fingerprint)
   model = models_lib.get_model(config.model, info.image_shape,
                                info.num_classes, init=config.model_init,
                                conv_impl=config.conv_impl,
                                **config.model_kwargs.to_dict())
-  fcfg = build_fedavg_config(config, model)
+  fcfg = build_fedavg_config(config, model, clients.max_examples)
   data = fedavg.as_client_arrays(clients)
   fedavg.check_setup(fcfg, data)
 
+  data_path = os.path.join(workdir, DATA_FILE)
+  if primary and (not resuming or not os.path.exists(data_path)):
+    # Before config.json: a workdir with a config always has it (runs older
+    # than data.json get it on their first resume).
+    storage.write_json(data_path, fingerprint)
   if primary and not resuming:
     storage.write_bytes(os.path.join(workdir, CONFIG_FILE),
                         json.dumps(_config_dict(config), indent=2,

@@ -371,3 +371,28 @@ def test_sample_is_real_and_matches_the_prepared_copy():
             name, split, max_examples=data.SAMPLE_SIZE, download=False)
         np.testing.assert_array_equal(images, real)
         np.testing.assert_array_equal(labels, real_labels)
+
+
+def test_write_sample_reads_prepared_tfds_copies_only(tmp_path, monkeypatch):
+  """From the prepared copies (when present) it rebuilds the shipped sample;
+  a download cache is not one (its records are in another order): refused
+  before anything is written."""
+  monkeypatch.setenv("REPDEF_JAX_CACHE", str(tmp_path / "cache"))
+  if all(os.path.isdir(os.path.join(_REAL_DIR, n)) for n in data.SAMPLE_SPLITS):
+    paths = data.write_sample(_REAL_DIR, tmp_path / "out")
+    assert sorted(paths) == sorted(data.SAMPLE_SPLITS)
+    for name, path in paths.items():
+      with np.load(path) as rebuilt:
+        for split in data.SAMPLE_SPLITS[name]:
+          images, labels = data.load_sample(name, split)
+          np.testing.assert_array_equal(rebuilt[f"{split}_images"], images)
+          np.testing.assert_array_equal(rebuilt[f"{split}_labels"], labels)
+  for split in ("train", "test"):
+    images, labels = data.load_sample("mnist", split)
+    path = data._download_path(str(tmp_path / "cache"), "mnist", split)  # pylint: disable=protected-access
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    np.savez(path, images=images, labels=labels)
+  with pytest.raises(data.DataNotFoundError, match=r"No prepared TFDS copy "
+                     r"of 'mnist' split 'train' in \S+ \(found download: "):
+    data.write_sample(tmp_path / "none", tmp_path / "out2")
+  assert not (tmp_path / "out2").exists()

@@ -75,7 +75,7 @@ def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
   assert "round 8/8" in outs[0] and "test accuracy" in outs[0]
   assert "round" not in outs[1] and "DONE 1" in outs[1]
   assert sorted(os.listdir(tmp_path / "two")) == [
-      "checkpoints", "config.json", "metrics.jsonl"]
+      "checkpoints", "config.json", "data.json", "metrics.jsonl"]
   assert sorted(os.listdir(tmp_path / "two" / "checkpoints")) == [
       "4", "6", "8"]
   a, b = _leaves(tmp_path / "two"), _leaves(tmp_path / "one")

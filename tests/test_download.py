@@ -233,3 +233,54 @@ def test_cli_prepare(mirror, tmp_path):
   assert bad.returncode == 1
   [line] = bad.stderr.strip().splitlines()
   assert line.startswith("repdef-data: cifar10: checksum mismatch")
+
+
+def test_a_local_folder_is_a_mirror(mirror, tmp_path, monkeypatch):
+  """A mirror without a scheme is a folder (absolute, relative or through
+  $REPDEF_JAX_MIRROR), read as a file:// URL."""
+  _, checksums, arrays = mirror
+  root = os.path.dirname(checksums)
+  assert download.base_url("mnist", "/a b/m/") == "file:///a%20b/m/mnist/"
+  monkeypatch.chdir(os.path.dirname(root))
+  for how in ("absolute", "relative", "env"):
+    cache = tmp_path / how
+    if how == "env":
+      monkeypatch.setenv(download.MIRROR_ENV, root)
+      mirror_arg = None
+    else:
+      mirror_arg = root if how == "absolute" else os.path.basename(root)
+    paths = data.prepare("mnist", cache_dir=cache, mirror=mirror_arg,
+                         checksums=checksums)
+    with np.load(paths["test"]) as z:
+      np.testing.assert_array_equal(z["images"], arrays["mnist"]["test"][0])
+
+
+def test_bad_timeouts_name_the_setting(monkeypatch, tmp_path):
+  """Checked before anything is fetched: a ValueError naming the argument
+  or the environment variable."""
+  for bad in (-1, 0, float("nan"), "abc"):
+    with pytest.raises(ValueError, match="timeout must be a number of "
+                       "seconds > 0"):
+      download.fetch_and_decode("mnist", mirror="http://127.0.0.1:9",
+                                timeout=bad)
+  monkeypatch.setenv(download.TIMEOUT_ENV, "abc")
+  with pytest.raises(ValueError, match="REPDEF_JAX_DOWNLOAD_TIMEOUT must be "
+                     "a number of seconds > 0, got 'abc'"):
+    data.prepare("mnist", cache_dir=tmp_path, mirror="http://127.0.0.1:9")
+  monkeypatch.setenv(download.TIMEOUT_ENV, "2.5")
+  assert download._timeout(None) == 2.5  # pylint: disable=protected-access
+
+
+def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
+  from repdef_jax import data_cli  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("REPDEF_JAX_CACHE", str(tmp_path / "cache"))
+  assert data_cli.main(["prepare", "mnist", "--timeout=-1",
+                        "--mirror=http://127.0.0.1:9"]) == 1
+  [line] = capsys.readouterr().err.strip().splitlines()
+  assert line.startswith("repdef-data: mnist: timeout must be")
+  out = tmp_path / "sample"
+  assert data_cli.main(["sample", "--data_dir=/nonexistent",
+                        f"--out_dir={out}"]) == 1
+  [line] = capsys.readouterr().err.strip().splitlines()
+  assert line.startswith("repdef-data: sample: No data for dataset 'mnist'")
+  assert not out.exists()

@@ -238,11 +238,11 @@ def _poison_data(monkeypatch):
   """Every client's first image becomes NaN (a corrupt input file)."""
   real = training.build_data
 
-  def poisoned(config):
-    clients, test, info = real(config)
+  def poisoned(config, **kwargs):
+    clients, *rest = real(config, **kwargs)
     x = np.array(clients.x)
     x[:, 0] = np.nan
-    return clients.replace(x=x), test, info
+    return (clients.replace(x=x), *rest)
 
   monkeypatch.setattr(training, "build_data", poisoned)
 

@@ -222,6 +222,30 @@ def test_attack_hook_returns_what_the_server_receives(model):
   assert _max_diff(got, delta) < 1e-7
 
 
+@pytest.mark.parametrize("weighting", ["uniform", "size"])
+def test_aggregation_weights_by_hand(logreg, weighting):
+  """Clients 0, 0 and 3 (12, 12 and 3 examples): uniform gives 1/3 each,
+  size n_k / 27; the new model is the old one plus sum_k w_k delta_k."""
+  config = fedavg.FedAvgConfig(clients_per_round=3, local_steps=2,
+                               batch_size=4, client_lr=0.1,
+                               weighting=weighting)
+  data, keys = _data(), fedavg.key_streams(4)
+  state = fedavg.init(logreg, config, keys.init)
+  new, m = fedavg.make_round(logreg, config, return_client_updates=True)(
+      state, data, keys, client_ids=np.array([0, 0, 3]))
+  expected = {"uniform": [1 / 3, 1 / 3, 1 / 3],
+              "size": [12 / 27, 12 / 27, 3 / 27]}[weighting]
+  np.testing.assert_allclose(np.asarray(m["weights"]), expected, rtol=1e-6)
+  updates = m["client_updates"]
+  assert _max_diff(jax.tree_util.tree_map(lambda d: d[0], updates),
+                   jax.tree_util.tree_map(lambda d: d[1], updates)) == 0.0
+  want = jax.tree_util.tree_map(
+      lambda p, d: np.asarray(p) + sum(w * np.asarray(d[i])
+                                       for i, w in enumerate(expected)),
+      state.params, updates)
+  assert _max_diff(new.params, want) < 1e-6
+
+
 def _soteria(model):
   try:
     from repdef_jax.defenses import soteria  # pylint: disable=g-import-not-at-top
@@ -236,7 +260,7 @@ def test_soteria_pruned_rows_are_zero_in_every_update(logreg, defense_at):
   config = fedavg.FedAvgConfig(clients_per_round=4, local_steps=1,
                                batch_size=M, client_lr=0.5, defense=defense,
                                defense_at=defense_at,
-                               local_epochs=0 if defense_at == "step" else 0)
+                               local_epochs=1 if defense_at == "update" else 0)
   data, keys = _data(sizes=(12, 7, 12, 3, 5, 12)), fedavg.key_streams(9)
   state = fedavg.init(logreg, config, keys.init)
   state = state.replace(params=jax.tree_util.tree_map(
@@ -276,6 +300,9 @@ def test_bad_inputs_raise(model):
   fedavg.check_setup(fedavg.FedAvgConfig(clients_per_round=6), data)
   with pytest.raises(ValueError, match="client data must be"):
     fedavg.as_client_arrays(fedavg.ClientArrays(data.x[0], data.y, data.mask))
+  for bad in (0, -1, 2.5):
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+      fedavg.make_eval_data(np.zeros((5, 4, 4, 1)), np.zeros(5), bad)
 
 
 def test_theorem2_schedule_matches_formula():

@@ -1,13 +1,17 @@
 """End to end: the resumable FedAvg run under tfds.testing.mock_data."""
 
+import json
 import os
 import shutil
 import sys
 
 import jax
 import ml_collections
+import numpy as np
 import pytest
 
+from repdef_jax import data as data_lib
+from repdef_jax import models
 from repdef_jax import training
 
 NUM_MOCK = 120
@@ -66,7 +70,8 @@ def test_resume_after_kill_equals_uninterrupted(mock_env, monkeypatch):
   full = _run(_config(), mock_env / "full", data_dir)
   assert [r["round"] for r in full["metrics"]] == [1, 2, 3, 4]
   reference = _files(mock_env / "full")
-  assert set(reference) == {"checkpoints", "config.json", "metrics.jsonl"}
+  assert set(reference) == {"checkpoints", "config.json", "data.json",
+                            "metrics.jsonl"}
   assert set(reference["checkpoints"]) == {"2", "4"}
 
   # 1. Killed after round 3 (checkpoint at 2): rerun the same command.
@@ -151,6 +156,92 @@ def test_bad_input_gives_clear_errors(mock_env):
   with pytest.raises(ValueError, match="Cannot give"):
     _run(_config(samples_per_class=1000), mock_env / "w3", data_dir)
   assert not os.path.exists(mock_env / "w3" / "config.json")
+  # Checked before any round is trained or file written; one line each.
+  for overrides, match in [
+      ({"log_every": 0}, "log_every must be >= 1"),
+      ({"eval_batch": 0}, "eval_batch must be >= 1"),
+      ({"eval_batch": -5}, "eval_batch must be >= 1"),
+      ({"server_lr": 0.0}, "server_lr must be a finite number > 0"),
+      ({"server_lr": -1.0}, "server_lr must be a finite number > 0"),
+      ({"server_lr": float("nan")}, "server_lr must be a finite number > 0"),
+      ({"model": "convnet64", "model_kwargs": {"widht": 3}},
+       "Unknown keyword argument.* widht for model 'convnet64'; it accepts "
+       "width"),
+  ]:
+    with pytest.raises(ValueError, match=match) as err:
+      _run(_config(**overrides), mock_env / "w4", data_dir)
+    assert "\n" not in str(err.value)
+    assert not os.path.exists(mock_env / "w4" / "config.json")
+
+
+def test_theorem2_gamma_counts_the_real_steps_per_round():
+  """With local_epochs, Theorem 2's I is the steps a client takes per round
+  (E * ceil(M / B) for clients padded to M), not local_steps."""
+  model = models.get_model("logreg", (4, 4, 1), 4)
+  config = _config(lr_schedule="theorem2", mu=1.0, smoothness=1.0,
+                   local_steps=1, local_epochs=2, batch_size=3)
+  fcfg = training.build_fedavg_config(config, model, padded_size=30)
+  steps = fcfg.steps_per_round(30)
+  assert steps == 20  # gamma = max(8 L / mu, I) = 20, not 8.
+  for t in (0, 5):
+    assert float(fcfg.client_lr(t)) == pytest.approx(2 / (20 + t))
+  with pytest.raises(ValueError, match="needs padded_size"):
+    training.build_fedavg_config(config, model)
+  # local_steps: I = local_steps as before, padded_size or not.
+  config = _config(lr_schedule="theorem2", mu=1.0, smoothness=1.0,
+                   local_steps=12)
+  for padded in (None, 30):
+    fcfg = training.build_fedavg_config(config, model, padded_size=padded)
+    assert float(fcfg.client_lr(0)) == pytest.approx(2 / 12)
+
+
+def test_resume_on_other_data_or_fewer_rounds_is_refused(tmp_path,
+                                                         monkeypatch):
+  """A run started on the embedded sample is not resumed on a download of
+  other records (data.json), nor with fewer rounds than its checkpoint;
+  both leave the workdir untouched. The same data resumes."""
+  cache = tmp_path / "cache"
+  monkeypatch.setenv("REPDEF_JAX_CACHE", str(cache))
+  monkeypatch.setenv("REPDEF_JAX_OFFLINE", "1")
+  monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
+  data_lib.clear_cache()
+  no_tfds = tmp_path / "no_tfds"
+  workdir = tmp_path / "run"
+  config = _config(rounds=2, checkpoint_every=1)
+  with data_lib.allow_sample():
+    _run(config, workdir, no_tfds)
+  with open(workdir / training.DATA_FILE) as f:
+    saved = json.load(f)
+  assert saved["train_source"] == saved["test_source"] == "sample"
+  assert (saved["train_examples"], saved["test_examples"]) == (256, 40)
+  before = _files(workdir)
+
+  # A download cache holding the sample's records in another order.
+  for split in ("train", "test"):
+    images, labels = data_lib.load_sample("mnist", split)
+    path = data_lib._download_path(str(cache), "mnist", split)  # pylint: disable=protected-access
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    np.savez(path, images=images[::-1], labels=labels[::-1])
+  with pytest.raises(ValueError, match="other data") as err:
+    _run(_config(rounds=4, checkpoint_every=1), workdir, no_tfds)
+  msg = str(err.value)
+  assert "\n" not in msg
+  assert "train: sample, 256 examples" in msg
+  assert "train: download, 256 examples" in msg
+  assert _files(workdir) == before
+
+  shutil.rmtree(cache / "original")
+  data_lib.clear_cache()
+  with data_lib.allow_sample():
+    out = _run(_config(rounds=4, checkpoint_every=1), workdir, no_tfds)
+    assert [r["round"] for r in out["metrics"]] == [1, 2, 3, 4]
+    before = _files(workdir)
+    with pytest.raises(ValueError, match="checkpoint at round 4, past "
+                       "rounds=3") as err:
+      _run(_config(rounds=3, checkpoint_every=1), workdir, no_tfds)
+  assert "\n" not in str(err.value)
+  assert _files(workdir) == before
+  data_lib.clear_cache()
 
 
 def test_entry_point_end_to_end(mock_env):

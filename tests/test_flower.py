@@ -288,3 +288,24 @@ def test_example_app_on_flower_deployment_engine(fl, tmp_path):
         p.kill()
     for name, path in logs:
       print(f"---- {name}\n{open(path).read()[-3000:]}")
+
+
+def test_audit_key_is_its_own_stream(fl):
+  """The auditor's attack keys never equal a key of the FedAvg run it
+  audits: neither a stream of fedavg.key_streams nor a round's or a
+  client's key derived from them (the old fold_in(fold_in(key(seed),
+  round), client) had fold_in(key(seed), round) = stream ``round``)."""
+  data = lambda k: tuple(np.asarray(jax.random.key_data(k)).ravel())
+  for seed in (0, 7):
+    keys = fedavg.key_streams(seed)
+    fedavg_keys = {data(k) for k in keys}
+    for r in range(6):
+      fedavg_keys |= {data(jax.random.fold_in(k, r)) for k in keys}
+      for c in range(4):
+        fedavg_keys |= {data(k) for k in fedavg.client_keys(keys, r, c)}
+    audit = {data(fl.audit_key(seed, r, c)) for r in range(6)
+             for c in range(4)}
+    audit_rounds = {data(jax.random.fold_in(jax.random.fold_in(
+        jax.random.key(seed), len(fedavg.STREAMS)), r)) for r in range(6)}
+    assert len(audit) == 24
+    assert not (audit | audit_rounds) & fedavg_keys

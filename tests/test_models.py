@@ -138,6 +138,12 @@ def test_bad_inputs_name_the_argument():
       models.get_model("lenet", shape)
   with pytest.raises(ValueError, match="cannot take images"):
     models.get_model("convnet64", (4, 4, 3))
+  with pytest.raises(ValueError, match="Unknown keyword argument.* widht for "
+                     "model 'convnet64'; it accepts width"):
+    models.get_model("convnet64", widht=3)
+  with pytest.raises(ValueError, match="hidden for model 'lenet'; it accepts "
+                     "none"):
+    models.get_model("lenet", hidden=(8,))
   model = models.get_model("lenet", (32, 32, 3))
   params = model.init(jax.random.key(0))
   with pytest.raises(ValueError, match=r"x must be a batch of images of shape"):

@@ -48,3 +48,24 @@ def test_save_figure_is_atomic(tmp_path):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   plt.close(fig)
   assert json.dumps(sorted(os.listdir(tmp_path))) == '["f.png"]'
+
+
+def test_atomic_writes_get_the_umask_mode(tmp_path):
+  """mkstemp's 0600 is not kept: a result is 0644 under umask 022 (0640
+  under 027), as open() would create it, for every kind of write."""
+  old = os.umask(0o022)
+  try:
+    for umask, mode in ((0o022, 0o644), (0o027, 0o640)):
+      os.umask(umask)
+      paths = [str(tmp_path / f"{umask:o}.{ext}") for ext in
+               ("bin", "json", "png")]
+      storage.write_bytes(paths[0], b"x")
+      storage.write_json(paths[1], {"a": 1})
+      plt = storage.pyplot()
+      fig, _ = plt.subplots()
+      storage.save_figure(fig, paths[2])
+      plt.close(fig)
+      for path in paths:
+        assert os.stat(path).st_mode & 0o777 == mode, path
+  finally:
+    os.umask(old)

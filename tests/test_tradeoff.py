@@ -94,6 +94,14 @@ def test_tiny_end_to_end_and_resume(mock_env):
   for n in updates:
     with open(os.path.join(cells, n)) as f:
       assert "skipped" not in json.load(f)
+  # Killed in the second leg (mid snapshot written, checkpoint past mid):
+  # the resume continues that leg instead of rerunning the first.
+  os.remove(os.path.join(run_dir, "params_final.msgpack"))
+  os.remove(train)
+  tradeoff.run(config, workdir)
+  assert os.path.exists(os.path.join(run_dir, "params_final.msgpack"))
+  with open(train) as f:
+    assert json.load(f)["accuracy_curve"] == trained["accuracy_curve"]
   # A changed attack budget keeps the finished training (planned first) and
   # refuses the attack cell computed with the old budget.
   longer = tradeoff_cfg.get_config("tiny")

@@ -174,6 +174,18 @@ def client_id(context: Context) -> int:
   return int(context.node_config[PARTITION_ID])
 
 
+def audit_key(seed: int, server_round: int, client: int) -> jax.Array:
+  """The auditor's attack key for one client's update in one round.
+
+  Its own stream of ``seed``: index ``len(fedavg.STREAMS)`` of the root
+  that :func:`repdef_jax.fedavg.key_streams` splits into indices
+  ``0 .. len(STREAMS) - 1``, folded with the round, then the client; so no
+  attack draw reuses a key of the training run it audits.
+  """
+  stream = jax.random.fold_in(jax.random.key(int(seed)), len(fedavg.STREAMS))
+  return jax.random.fold_in(jax.random.fold_in(stream, server_round), client)
+
+
 def _host_metrics(info: dict[str, Any]) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(info).items()
           if k.startswith("defense/")}
@@ -401,7 +413,7 @@ class AuditingFedAvg(FedAvg):
       reference_data: ``partition_id -> (x, y)``, the images a client trains
         on (for metrics; an auditor's privilege, not the attack's input).
       workdir: where to write the log and images (None: memory only).
-      seed: the attack's PRNG seed.
+      seed: the attack's PRNG seed (:func:`audit_key`).
       max_audits_per_round: attack at most this many updates per round.
       repinfer_steps: L-BFGS steps per image for 'repinfer'.
       **fedavg_kwargs: ``FedAvg``'s arguments (``fraction_train`` ...).
@@ -463,8 +475,7 @@ class AuditingFedAvg(FedAvg):
       if PARTITION_ID in cfg:
         pid = int(cfg[PARTITION_ID])
     ident = pid if pid is not None else index
-    key = jax.random.fold_in(jax.random.fold_in(
-        jax.random.key(self.seed), server_round), ident)
+    key = audit_key(self.seed, server_round, ident)
     record = {"round": server_round, "client": ident, "attack": self.attack,
               "node_id": int(reply.metadata.src_node_id)}
     if self.attack == REPINFER:

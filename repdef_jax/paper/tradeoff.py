@@ -124,6 +124,9 @@ def train_cell(config, panel: _Panel, defense: str, strength: float,
   legs = [rounds // 2, rounds] if snapshots else [rounds]
   result = None
   for stage, upto in zip(("mid", "final")[-len(legs):], legs):
+    if stage == "mid" and (training.latest_checkpoint_round(run_dir) or
+                           0) > upto:
+      continue  # Killed in the second leg: resume that leg, not the first.
     result = _train(config, panel, defense, strength, run_dir, upto)
     if snapshots and result.get("diverged_at_round") is None:
       storage.write_bytes(_snapshot_path(run_dir, stage),
