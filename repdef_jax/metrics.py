@@ -9,10 +9,15 @@ normalised space and [0, 1], so every result records its space):
 * :func:`mse_clamped`: the same after clamping ``x_rec`` (and ``x``) to
   [0, 1]; the images must be [0, 1] images.
 * :func:`psnr`, :func:`ssim`: ``dm_pix`` on images clamped to [0, 1]
-  (max value 1), computed per image and then averaged.
+  (max value 1), computed per image and then averaged. SSIM uses an 11-px
+  window, a smaller one on images below 11 px (not comparable with 11-px
+  SSIM; :func:`ssim_window`).
 * :func:`label_accuracy`, :func:`match_images` (Hungarian matching on the
   pairwise clamped MSE), :func:`representation_correlation` (Pearson; space
   of the representation).
+
+Images are ``[B, H, W, C]`` or one image ``[H, W, C]``; any other rank
+raises a ValueError.
 
 Non-finite reconstructions (a diverged attack) give ``mse = inf``,
 ``mse_clamped``/``psnr``/``ssim`` computed after replacing NaN by 0.5 and
@@ -32,8 +37,12 @@ from scipy import optimize
 PIXEL_SPACE = "[0,1]"
 
 
-def _as4d(x):
+def _as4d(x, name: str = "x"):
+  """``x`` as ``[B, H, W, C]`` float64; ValueError unless rank 3 or 4."""
   x = np.asarray(x, np.float64)
+  if x.ndim not in (3, 4):
+    raise ValueError(f"{name} must be images [B, H, W, C] or one image "
+                     f"[H, W, C]; got shape {x.shape}.")
   return x[None] if x.ndim == 3 else x
 
 
@@ -44,7 +53,7 @@ def _check_same_shape(x_rec: Any, x_true: Any) -> tuple[np.ndarray,
   Guards against NumPy broadcasting (e.g. one reconstruction against three
   true images) silently producing a per-image metric.
   """
-  x_rec, x_true = _as4d(x_rec), _as4d(x_true)
+  x_rec, x_true = _as4d(x_rec, "x_rec"), _as4d(x_true, "x_true")
   if x_rec.shape != x_true.shape:
     raise ValueError(f"x_rec {x_rec.shape} and x_true {x_true.shape} differ "
                      "in shape; both must be [B, H, W, C] (or one image "
@@ -93,12 +102,37 @@ def psnr(x_rec: Any, x_true: Any) -> np.ndarray:
   return np.where(np.isnan(out), np.inf, out)
 
 
+SSIM_WINDOW = 11
+
+
+def ssim_window(height: int, width: int) -> int:
+  """The SSIM window: 11 px, or ``min(H, W)`` rounded down to odd below it.
+
+  Raises:
+    ValueError: an image smaller than 3 x 3 pixels.
+  """
+  size = min(SSIM_WINDOW, height, width)
+  if size < 3:
+    raise ValueError(f"ssim needs images of at least 3 x 3 pixels; got "
+                     f"{height} x {width}.")
+  return size if size % 2 else size - 1
+
+
 def ssim(x_rec: Any, x_true: Any) -> np.ndarray:
-  """Per-image SSIM (``dm_pix.ssim``, max value 1) on clamped images; ``[B]``."""
+  """Per-image SSIM (``dm_pix.ssim``, max value 1) on clamped images; ``[B]``.
+
+  Gaussian window of ``filter_sigma`` 1.5 and size 11 (dm_pix's default)
+  on images of at least 11 x 11 pixels. A smaller image gets a smaller
+  window, ``min(H, W)`` rounded down to odd (dm_pix's 11-px window does not
+  fit it and gives meaningless numbers); such SSIM values are not comparable
+  with 11-px SSIM. Images below 3 x 3 pixels raise a ValueError.
+  """
   x_rec, x_true = _check_same_shape(x_rec, x_true)
+  size = ssim_window(*x_rec.shape[1:3])
   a = jnp.asarray(_sanitize(x_rec), jnp.float32)
   b = jnp.asarray(_sanitize(x_true), jnp.float32)
-  return np.asarray(pix.ssim(a, b, max_val=1.0), np.float64)
+  return np.asarray(pix.ssim(a, b, max_val=1.0, filter_size=size),
+                    np.float64)
 
 
 def label_accuracy(labels_rec: Any, labels_true: Any) -> float:
@@ -120,7 +154,8 @@ def match_images(x_rec: Any, x_true: Any) -> np.ndarray:
     ``perm`` ``[B]`` such that ``x_rec[perm[i]]`` is matched to
     ``x_true[i]``, minimising the total clamped [0, 1] MSE.
   """
-  a, b = _sanitize(_as4d(x_rec)), _sanitize(_as4d(x_true))
+  a = _sanitize(_as4d(x_rec, "x_rec"))
+  b = _sanitize(_as4d(x_true, "x_true"))
   if a.shape != b.shape:
     raise ValueError(f"x_rec {a.shape} and x_true {b.shape} differ in shape.")
   fa, fb = a.reshape(len(a), -1), b.reshape(len(b), -1)

@@ -244,8 +244,20 @@ def test_over_devices_equals_one_device(k, monkeypatch):
   base.over_devices(_toy_core, *args, progress=True, scale=3.0)
 
 
-def test_over_devices_shards_when_the_host_has_several_cpu_devices():
-  mesh = base.host.cpu_mesh(4, base.BATCH_AXIS)
-  assert (mesh is None) == (jax.local_device_count() < 2)
-  if mesh is not None:
-    assert mesh.size == min(jax.local_device_count(), 4)
+def test_over_devices_sharded_program_equals_the_core(monkeypatch):
+  """The shard_map path on a one-device mesh (every host has one) gives the
+  core's numbers. Several devices, with padding of K, are checked in a
+  subprocess by tests/test_host.py::test_two_devices_equal_one_device."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), (base.BATCH_AXIS,))
+  calls = []
+  monkeypatch.setattr(base.host, "cpu_mesh",
+                      lambda *a: calls.append(a) or mesh)
+  shared = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
+  keys = jax.random.split(jax.random.key(0), 3)
+  labels = jnp.arange(3, dtype=jnp.int32)[:, None]
+  args = (None, jnp.float32(2.0), shared, keys, labels, jnp.int32(1))
+  got = base.over_devices(_toy_core, *args, progress=False, scale=3.0)
+  want = _toy_core(*args, scale=3.0)
+  assert calls == [(3, base.BATCH_AXIS)]
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-6)

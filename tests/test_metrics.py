@@ -56,3 +56,32 @@ def test_label_accuracy_and_correlation():
   r = np.random.default_rng(0).normal(size=50)
   assert metrics.representation_correlation(2 * r + 1, r) == pytest.approx(1)
   assert metrics.representation_correlation(-r, r) == pytest.approx(-1)
+
+
+@pytest.mark.parametrize("size", [8, 32])
+def test_ssim_of_independent_noise_is_near_zero(size):
+  # Below 11 px the window shrinks to fit (dm_pix's 11-px window would give
+  # 0.6-0.7 for independent noise at 4 px).
+  a, b = _imgs(4, 0, (size, size, 3)), _imgs(4, 1, (size, size, 3))
+  assert np.all(np.abs(metrics.ssim(a, b)) < 0.2)
+  np.testing.assert_allclose(metrics.ssim(a, a), 1.0, atol=1e-5)
+
+
+def test_ssim_window():
+  assert [metrics.ssim_window(s, s) for s in (3, 4, 8, 10, 11, 28)] == [
+      3, 3, 7, 9, 11, 11]
+  assert metrics.ssim_window(32, 6) == 5
+  with pytest.raises(ValueError, match="at least 3 x 3 pixels; got 2 x 8"):
+    metrics.ssim(np.zeros((1, 2, 8, 1)), np.zeros((1, 2, 8, 1)))
+
+
+@pytest.mark.parametrize("fn", [metrics.mse_raw, metrics.mse_clamped,
+                                metrics.psnr, metrics.ssim,
+                                metrics.match_images,
+                                metrics.reconstruction_metrics])
+def test_images_of_the_wrong_rank_raise(fn):
+  with pytest.raises(ValueError, match=r"x_rec must be images \[B, H, W, C\] "
+                     r"or one image \[H, W, C\]; got shape \(8, 8\)"):
+    fn(np.zeros((8, 8)), np.ones((8, 8)))
+  with pytest.raises(ValueError, match="x_true must be images"):
+    fn(np.zeros((1, 8, 8, 1)), np.ones((1, 1, 8, 8, 1)))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from repdef_jax import gradients
+from repdef_jax import metrics
 from repdef_jax import models
 from repdef_jax.attacks import repinfer
 
@@ -85,9 +86,6 @@ def test_pearson():
 
 def test_pearson_matches_metrics_module():
   """Our jittable pearson agrees with the host-side metrics version."""
-  metrics = pytest.importorskip("repdef_jax.metrics")
-  if not hasattr(metrics, "representation_correlation"):
-    pytest.skip("repdef_jax.metrics.representation_correlation missing")
   rng = np.random.default_rng(1)
   a, b = rng.random(84), rng.random(84)
   np.testing.assert_allclose(repinfer.pearson(a, b),
@@ -183,6 +181,56 @@ def test_bad_inputs(client):
   leak = models.get_model("leakage", (32, 32, 3))
   with pytest.raises(ValueError, match="representation, gradient"):
     repinfer.make_objective(leak, None, None, None, "nope")
+  with pytest.raises(ValueError, match="M must be an integer >= 1"):
+    repinfer.infer_all_representations(model, update, M=0)
+
+
+@pytest.fixture(scope="module")
+def small_leak():
+  model = models.get_model("leakage", (8, 8, 3))
+  params = model.init(jax.random.key(0))
+  x = smooth_images(jax.random.key(1), 2, (8, 8, 3))
+  g = gradients.batch_grad(model, params, x, jnp.array([1, 2]))
+  return model, params, x, g
+
+
+@pytest.mark.parametrize("target,shape,kw,match", [
+    ("grads", (2, 8, 8, 3), dict(objective="gradient", label=1),
+     r"label must be integer class ids of shape \[\] or \[B\] = \[2\]"),
+    ("grads", (2, 8, 8, 3), dict(objective="gradient",
+                                 label=np.array([1.0, 2.0])), "label must be"),
+    ("grads", (8, 8, 3), dict(objective="gradient", label=None),
+     "needs the label"),
+    ({"a": 1}, (8, 8, 3), dict(objective="gradient", label=1),
+     "target does not match the parameter tree"),
+    ({"head": 1}, (8, 8, 3), dict(objective="conv_gradient", label=1),
+     "conv layers conv0"),
+    (np.zeros(7), (8, 8, 3), {}, r"target must be a representation \[768\]"),
+    ("features", (8, 8, 3), {}, "target must be a representation"),
+    ("grads", (8, 8, 3), dict(objective="gradient", label=1, steps=0),
+     "steps must be an integer >= 1"),
+], ids=["scalar label, 2 images", "float labels", "no label",
+        "wrong gradient tree", "no conv layers", "short representation",
+        "2 representations, 1 image", "steps 0"])
+def test_reconstruct_checks_shapes_on_the_host(small_leak, target, shape, kw,
+                                               match):
+  model, params, x, g = small_leak
+  if isinstance(target, str):
+    target = g if target == "grads" else model.features(params, x)  # [2, F]
+  kw.setdefault("steps", 2)
+  with pytest.raises(ValueError, match=match):
+    repinfer.reconstruct(model, params, target, shape, jax.random.key(0),
+                         **kw)
+
+
+def test_reconstruct_reports_a_non_finite_objective(small_leak):
+  """A target whose squared distance overflows: the loop stops at once and
+  ``losses[-1]`` is not finite (the run diverged)."""
+  model, params, x, _ = small_leak
+  r = model.features(params, x[:1])[0] * 1e30
+  _, losses = repinfer.reconstruct(model, params, r, (8, 8, 3),
+                                   jax.random.key(0), steps=3)
+  assert not np.isfinite(np.asarray(losses)[-1])
 
 
 def test_reconstruct_from_representation_leakage_model():

@@ -22,9 +22,14 @@ Registered names (:data:`ATTACKS`):
 * ``idlg``: iDLG, Zhao et al. 2020 (label read off the last layer).
 * ``gs``: Inverting Gradients, Geiping et al. 2020 (cosine + TV, signed Adam).
 * ``dlg_drop`` / ``gs_drop``: the defended layer left out of the objective
-  (Balunovic et al., ICLR 2022).
+  (Balunovic et al., ICLR 2022); its bias too unless the user's view says
+  ``drop_bias=False``.
 * ``dlg_mask`` / ``gs_mask``: the shared gradient's all-zero defended rows
   masked in the trial gradient too (GGL, Li et al., CVPR 2022).
+
+A variant fixes some settings (iDLG ``infer_label=True``, the views' flags):
+a user value that contradicts one raises a ``ValueError`` naming the field
+(:meth:`Attack.make_config`) instead of being overwritten.
 """
 
 from __future__ import annotations
@@ -61,7 +66,9 @@ class Attack(NamedTuple):
     fn: ``fn(model, params, shared_grads, num_images, key, *, labels,
       config) -> AttackResult``.
     config_cls: the config dataclass (``DLGConfig`` or ``GSConfig``).
-    fixed: config fields this variant always sets (e.g. its view).
+    fixed: settings this variant always has, ``'field'`` or
+      ``'field.subfield'`` to value (e.g. ``'view.drop_defended': True``);
+      see :meth:`make_config`.
     batch_fn: ``batch_fn(model, params, shared_batch, num_images, keys, *,
       labels, config) -> AttackResult`` with a leading axis K.
   """
@@ -73,13 +80,41 @@ class Attack(NamedTuple):
   batch_fn: Callable[..., AttackResult]
 
   def make_config(self, config: Any = None, **overrides) -> Any:
-    """The variant's config: ``config`` (or defaults), overrides, fixed."""
+    """The variant's config: ``config`` (or defaults), overrides, fixed.
+
+    A fixed setting (``'field'`` or ``'field.subfield'``, e.g.
+    ``'view.drop_defended'``) replaces a value left at the config class's
+    default; a value the user set to something else (in ``overrides``, or
+    different from the default in ``config``) raises. Settings the variant
+    does not fix are the user's (e.g. ``view.drop_bias`` of ``*_drop``).
+
+    Raises:
+      ValueError: a config of another class, or a user setting that
+        contradicts one the variant fixes.
+    """
     config = config if config is not None else self.config_cls()
     if not isinstance(config, self.config_cls):
       raise ValueError(f"Attack {self.name!r} takes a "
                        f"{self.config_cls.__name__}, got "
                        f"{type(config).__name__}.")
-    return dataclasses.replace(config, **{**overrides, **self.fixed})
+    config = dataclasses.replace(config, **overrides)
+    default = self.config_cls()
+    for path, want in self.fixed.items():
+      name, _, sub = path.partition(".")
+      have, dflt = getattr(config, name), getattr(default, name)
+      if sub:
+        if not isinstance(have, type(dflt)):
+          raise ValueError(f"{name} must be a {type(dflt).__name__}; got "
+                           f"{have!r}.")
+        outer, have, dflt = have, getattr(have, sub), getattr(dflt, sub)
+      given = have != dflt or (not sub and name in overrides)
+      if given and have != want:
+        raise ValueError(f"Attack {self.name!r} fixes {path}={want!r}; got "
+                         f"{path}={have!r} (leave it unset or use another "
+                         f"attack).")
+      value = dataclasses.replace(outer, **{sub: want}) if sub else want
+      config = dataclasses.replace(config, **{name: value})
+    return config
 
   def __call__(self, model, params, shared_grads, num_images, key, *,
                labels=None, config=None, **overrides) -> AttackResult:
@@ -94,8 +129,9 @@ class Attack(NamedTuple):
                          config=self.make_config(config, **overrides))
 
 
-_DROP = GradientView(drop_defended=True)
-_MASK = GradientView(mask_from_shared=True)
+# The views' flags; drop_bias stays the user's (default True: bias dropped).
+_DROP = {"view.drop_defended": True, "view.mask_from_shared": False}
+_MASK = {"view.mask_from_shared": True, "view.drop_defended": False}
 
 
 def _dlg(name: str, **fixed) -> Attack:
@@ -109,8 +145,8 @@ def _gs(name: str, **fixed) -> Attack:
 
 ATTACKS: dict[str, Attack] = {a.name: a for a in (
     _dlg("dlg"), _dlg("idlg", infer_label=True), _gs("gs"),
-    _dlg("dlg_drop", view=_DROP), _gs("gs_drop", view=_DROP),
-    _dlg("dlg_mask", view=_MASK), _gs("gs_mask", view=_MASK))}
+    _dlg("dlg_drop", **_DROP), _gs("gs_drop", **_DROP),
+    _dlg("dlg_mask", **_MASK), _gs("gs_mask", **_MASK))}
 ATTACK_NAMES = tuple(ATTACKS)
 
 

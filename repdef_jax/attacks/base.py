@@ -12,7 +12,9 @@ computed its gradient at, and the gradient it shared (possibly defended).
 from __future__ import annotations
 
 import functools
+import math
 import numbers
+import operator
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -22,6 +24,7 @@ import numpy as np
 from repdef_jax import gradients as gradients_lib
 from repdef_jax import host
 from repdef_jax import models as models_lib
+from repdef_jax.attacks import objectives
 
 Params = Any
 
@@ -37,8 +40,9 @@ class AttackResult(NamedTuple):
       (GS), ``[T]``; entries after an early stop repeat the final loss.
     final_loss: objective at ``x_rec`` (scalar).
     diverged: True when the objective or the image became non-finite or
-      exploded; ``x_rec`` is then the last sane iterate and must not be
-      read as a reconstruction.
+      exploded; ``x_rec`` must then not be read as a reconstruction. DLG
+      keeps its last sane iterate (finite); GS returns its final iterate,
+      which may hold NaN or inf.
     iterations: number of optimiser iterations actually taken.
   """
 
@@ -67,8 +71,7 @@ def validate_inputs(model: models_lib.Model, params: Params,
   """
   gradients_lib.check_grads_match(params, shared_grads, "shared_grads")
   gradients_lib.check_finite(shared_grads, "shared_grads")
-  if int(num_images) < 1:
-    raise ValueError(f"num_images must be >= 1, got {num_images}.")
+  num_images = check_num_images(num_images)
   model.check_input(jnp.zeros((int(num_images), *model.input_shape)),
                     "the reconstructed images")
   if labels is None:
@@ -83,12 +86,78 @@ def validate_inputs(model: models_lib.Model, params: Params,
   return labels.astype(jnp.int32)
 
 
+def check_num_images(num_images: Any) -> int:
+  """``num_images`` as an int; a ValueError unless it is an integer >= 1."""
+  try:
+    n = None if isinstance(num_images, bool) else operator.index(num_images)
+  except TypeError:
+    n = None
+  if n is None or n < 1:
+    raise ValueError(f"num_images must be >= 1, an integer; got "
+                     f"{num_images!r}.")
+  return n
+
+
 def check_int(config: Any, name: str, low: int) -> None:
   """Raises a ValueError naming ``name`` unless ``config.<name>`` is an
   integer (not a bool) >= ``low``."""
   v = getattr(config, name)
   if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
     raise ValueError(f"{name} must be an integer >= {low}; got {v!r}.")
+
+
+def check_number(config: Any, name: str, low: float, *,
+                 strict: bool = True, high: float | None = None,
+                 allow_inf: bool = False) -> None:
+  """Raises a ValueError naming ``name`` unless ``config.<name>`` is a real
+  number (not a bool) > ``low`` (>= with ``strict=False``), < ``high`` when
+  given, and finite unless ``allow_inf``."""
+  v = getattr(config, name)
+  ok = (not isinstance(v, bool) and isinstance(v, numbers.Real)
+        and not math.isnan(v) and (allow_inf or math.isfinite(v))
+        and (v > low if strict else v >= low)
+        and (high is None or v < high))
+  if not ok:
+    want = (f"{'> ' if strict else '>= '}{low:g}" +
+            (f" and < {high:g}" if high is not None else ""))
+    kind = "a number" if allow_inf else "a finite number"
+    raise ValueError(f"{name} must be {kind} {want}; got {v!r}.")
+
+
+def check_view(view: Any) -> None:
+  """Raises a ValueError unless ``view`` is a GradientView."""
+  if not isinstance(view, objectives.GradientView):
+    raise ValueError(f"view must be a GradientView (e.g. GradientView("
+                     f"drop_defended=True)); got {view!r}.")
+
+
+def check_view_keeps_entries(model: models_lib.Model, shared: Params,
+                             view: objectives.GradientView,
+                             batched: bool = False) -> None:
+  """Raises a ValueError when ``view`` leaves no gradient entry to match.
+
+  E.g. the drop view on a model whose only layer is the defended one
+  (``logreg``): the objective would be 0 for every image.
+
+  Args:
+    model: the attacked model.
+    shared: the shared gradient (``batched``: K stacked on a leading axis).
+    view: the attack's gradient view.
+    batched: whether ``shared`` has a leading axis K.
+  """
+  if view.is_plain:
+    return
+
+  def kept(g):
+    w = objectives.view_weights(model, g, view)
+    return sum(jnp.sum(t) for t in jax.tree_util.tree_leaves(w))
+
+  counts = jax.vmap(kept)(shared) if batched else kept(shared)
+  if not bool(jnp.all(counts > 0)):
+    raise ValueError(f"view {view} leaves no gradient entry of model "
+                     f"{model.name!r} to match (every parameter is in the "
+                     f"dropped or masked defended layer); use another "
+                     f"attack or view.")
 
 
 def check_keys(keys: Any, num: int | None = None) -> jax.Array:

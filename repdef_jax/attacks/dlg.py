@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import numbers
 from typing import Any, NamedTuple
 
 import jax
@@ -123,18 +121,23 @@ def check_config(config: DLGConfig) -> None:
 
   Host-side, before the jitted loop: ``outer_steps``, ``inner_steps``,
   ``memory_size``, ``restarts`` and ``max_backtracks`` must be integers
-  >= 1, ``progress_every`` >= 0, ``learning_rate`` a finite number > 0 and
-  ``optimizer`` one of :data:`OPTIMIZERS`.
+  >= 1, ``progress_every`` >= 0, ``learning_rate`` a finite number > 0,
+  ``tol`` and ``grad_tol`` finite numbers >= 0, ``diverge_factor`` and
+  ``max_abs_pixel`` numbers > 0 (inf: that test is off), ``armijo`` in
+  (0, 1), ``optimizer`` one of :data:`OPTIMIZERS` and ``view`` a
+  :class:`~repdef_jax.attacks.objectives.GradientView`.
   """
   for name in ("outer_steps", "inner_steps", "memory_size", "restarts",
                "max_backtracks"):
     base.check_int(config, name, 1)
   base.check_int(config, "progress_every", 0)
-  lr = config.learning_rate
-  if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (
-      math.isfinite(lr) and lr > 0):
-    raise ValueError(f"learning_rate must be a finite number > 0; got "
-                     f"{lr!r}.")
+  base.check_number(config, "learning_rate", 0)
+  for name in ("tol", "grad_tol"):
+    base.check_number(config, name, 0, strict=False)
+  for name in ("diverge_factor", "max_abs_pixel"):
+    base.check_number(config, name, 0, allow_inf=True)
+  base.check_number(config, "armijo", 0, high=1)
+  base.check_view(config.view)
   if config.optimizer not in OPTIMIZERS:
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got "
                      f"{config.optimizer!r}.")
@@ -160,12 +163,15 @@ def dlg(model: models_lib.Model, params: Params, shared_grads: Params,
 
   Raises:
     ValueError: shared_grads does not match params or is not finite, the
-      model cannot take the images, or a bad config (:func:`check_config`).
+      model cannot take the images, a bad config (:func:`check_config`),
+      or a view that leaves no gradient entry to match (e.g. ``dlg_drop``
+      on ``logreg``, whose only layer is the defended one).
   """
   config = config or DLGConfig()
   check_config(config)
   labels = base.validate_inputs(model, params, shared_grads, num_images,
                                 labels)
+  base.check_view_keeps_entries(model, shared_grads, config.view)
   return base.run_one(_run, model, params, shared_grads, num_images, key,
                       labels, config)
 
@@ -192,6 +198,7 @@ def dlg_batch(model: models_lib.Model, params: Params, shared_batch: Params,
   check_config(config)
   _, keys, labels = base.validate_batch(model, params, shared_batch,
                                         num_images, keys, labels)
+  base.check_view_keeps_entries(model, shared_batch, config.view, True)
   return _run(model, params, shared_batch, int(num_images), keys, labels,
               config)
 

@@ -22,12 +22,16 @@ Where this departs from the paper / reference code:
 * Iterations: the paper runs 24,000; our default is 2,000 with 2 restarts
   (the paper's evaluation on CIFAR-10 used up to 8 restarts) so a CPU run
   takes seconds. Set ``iterations=24_000`` to match.
-* The box: ``lower``/``upper`` scalars or per-channel tuples in the model's
-  input space; [0, 1] by default (our models take [0, 1] images), or
-  :func:`box_from_normalization` for a model fed mean/std-normalised images
-  (the paper's CIFAR-10 setting).
+* The box: ``lower``/``upper`` scalars or per-channel tuples (a list or
+  1-D array is read as one) in the model's input space; [0, 1] by default
+  (our models take [0, 1] images), or :func:`box_from_normalization` for
+  a model fed mean/std-normalised images (the paper's CIFAR-10 setting).
 * Selection: each restart's *final* iterate is scored (the reference keeps
-  the final iterate of each trial too) by the full objective.
+  the final iterate of each trial too) by the full objective, cosine
+  distance + ``tv_weight`` * TV. The reference (inversefed's
+  ``_score_trial``, ``scoring_choice='loss'``) scores a trial by the
+  gradient cost alone, without TV, so with a large ``tv_weight`` the two
+  can keep different restarts.
 * The initial image is drawn from a standard normal, as the reference, and is
   not projected before the first step.
 * A FedAvg update (``local_steps`` > 1): the trial gradient is the client's
@@ -67,8 +71,9 @@ class GSConfig:
     restarts: independent random starts run in parallel (vmap).
     learning_rate: Adam step size before decay (0.1).
     tv_weight: weight of the total-variation prior (1e-4).
-    lower: lower pixel bound, a scalar or one value per channel.
-    upper: upper pixel bound, a scalar or one value per channel.
+    lower: lower pixel bound, a scalar or one value per channel (a tuple;
+      a list or 1-D array is converted to one when the attack runs).
+    upper: upper pixel bound, the same.
     infer_label: infer labels from the last layer when none are given (else
       labels are required).
     view: which gradient entries to match (adaptive attacks).
@@ -114,16 +119,39 @@ def step_schedule(learning_rate: float, iterations: int) -> optax.Schedule:
   return optax.piecewise_constant_schedule(learning_rate, bounds)
 
 
-def _check(model: models_lib.Model, config: GSConfig, labels: Any) -> None:
-  """Raises a ValueError naming the field when ``config`` cannot run."""
+def _box(value: Any, name: str, channels: int) -> float | tuple[float, ...]:
+  """A pixel bound as a float or a tuple of ``channels`` floats."""
+  arr = None
+  if not isinstance(value, (str, bytes, bool)):
+    try:
+      arr = np.asarray(value, np.float64)
+    except (TypeError, ValueError):
+      pass
+  if arr is None or arr.ndim > 1:
+    raise ValueError(f"{name} must be a number or one number per channel "
+                     f"({channels}); got {value!r}.")
+  if arr.ndim == 0:
+    return float(arr)
+  if len(arr) != channels:
+    raise ValueError(f"{name} has {len(arr)} values; the model's images have "
+                     f"{channels} channels.")
+  return tuple(float(v) for v in arr)
+
+
+def _check(model: models_lib.Model, config: GSConfig,
+           labels: Any) -> GSConfig:
+  """Raises a ValueError naming the field when ``config`` cannot run.
+
+  Returns:
+    ``config`` with ``lower`` / ``upper`` as floats or tuples of floats (a
+    list or NumPy array of one bound per channel is accepted).
+  """
   if labels is None and not config.infer_label:
     raise ValueError("labels are required when infer_label=False.")
   c = model.input_shape[-1]
-  for name in ("lower", "upper"):
-    v = getattr(config, name)
-    if isinstance(v, tuple) and len(v) != c:
-      raise ValueError(f"{name} has {len(v)} values; the model's images have "
-                       f"{c} channels.")
+  config = dataclasses.replace(
+      config, lower=_box(config.lower, "lower", c),
+      upper=_box(config.upper, "upper", c))
   lo = np.broadcast_to(np.asarray(config.lower, np.float64), (c,))
   hi = np.broadcast_to(np.asarray(config.upper, np.float64), (c,))
   if not np.all(lo < hi):
@@ -132,9 +160,14 @@ def _check(model: models_lib.Model, config: GSConfig, labels: Any) -> None:
   for name in ("restarts", "iterations", "local_steps"):
     base.check_int(config, name, 1)
   base.check_int(config, "progress_every", 0)
-  if config.local_steps > 1 and not config.local_lr > 0:
-    raise ValueError(f"local_lr must be > 0 when local_steps > 1; got "
-                     f"local_lr={config.local_lr!r}.")
+  base.check_number(config, "learning_rate", 0)
+  base.check_number(config, "tv_weight", 0, strict=False)
+  base.check_view(config.view)
+  if config.local_steps > 1:
+    base.check_number(config, "local_lr", 0)
+  else:
+    base.check_number(config, "local_lr", 0, strict=False)
+  return config
 
 
 def inverting_gradients(model: models_lib.Model, params: Params,
@@ -159,13 +192,17 @@ def inverting_gradients(model: models_lib.Model, params: Params,
 
   Raises:
     ValueError: bad inputs (see :func:`base.validate_inputs`), no labels
-      with ``infer_label=False``, a box of the wrong size, or
-      ``lower >= upper`` in some channel.
+      with ``infer_label=False``, a box of the wrong size, ``lower >=
+      upper`` in some channel, a bad setting (``learning_rate`` and, with
+      ``local_steps`` > 1, ``local_lr`` finite numbers > 0, ``tv_weight``
+      >= 0, ``view`` a GradientView, integer counts), or a view that leaves
+      no gradient entry to match (``gs_drop`` on ``logreg``).
   """
   config = config or GSConfig()
   labels = base.validate_inputs(model, params, shared_grads, num_images,
                                 labels)
-  _check(model, config, labels)
+  config = _check(model, config, labels)
+  base.check_view_keeps_entries(model, shared_grads, config.view)
   return base.run_one(_run, model, params, shared_grads, num_images, key,
                       labels, config)
 
@@ -194,7 +231,8 @@ def inverting_gradients_batch(model: models_lib.Model, params: Params,
   config = config or GSConfig()
   _, keys, labels = base.validate_batch(model, params, shared_batch,
                                         num_images, keys, labels)
-  _check(model, config, labels)
+  config = _check(model, config, labels)
+  base.check_view_keeps_entries(model, shared_batch, config.view, True)
   return _run(model, params, shared_batch, int(num_images), keys, labels,
               config)
 

@@ -92,16 +92,26 @@ def cosine_distance(g: Params, g_ref: Params, eps: float = 1e-12) -> jax.Array:
     eps: guards the division when a norm is 0.
 
   Returns:
-    ``1 - <g, g'> / (||g|| ||g'||)``, a scalar in [0, 2]; invariant to a
-    positive rescaling of either gradient.
+    ``1 - <g, g'> / (||g|| ||g'|| + eps)``, a scalar in [0, 2]; 1 when a
+    gradient is all zero (the norm's derivative is taken as 0 there, so
+    the distance's derivative stays finite, not NaN). Invariant to a
+    positive rescaling of either gradient only while ``||g|| ||g'||`` is
+    large against the absolute ``eps`` (relative error ``eps / (||g||
+    ||g'||)``): two gradients of norm ~1e-6 or below lose it and their
+    distance drifts towards 1. In float32 the squared norms also underflow
+    for entries below ~1e-19 and overflow above ~1e19.
   """
   def tsum(tree):
     return sum(jax.tree_util.tree_leaves(tree), jnp.zeros((), jnp.float32))
 
+  def norm(sq):  # sqrt with a zero derivative at 0 (sqrt's is inf: NaN).
+    pos = sq > 0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
+
   dot = tsum(jax.tree_util.tree_map(lambda a, b: jnp.sum(a * b), g, g_ref))
   n1 = tsum(jax.tree_util.tree_map(lambda a: jnp.sum(a * a), g))
   n2 = tsum(jax.tree_util.tree_map(lambda a: jnp.sum(a * a), g_ref))
-  return 1.0 - dot / (jnp.sqrt(n1) * jnp.sqrt(n2) + eps)
+  return 1.0 - dot / (norm(n1) * norm(n2) + eps)
 
 
 def total_variation(x: jax.Array) -> jax.Array:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import functools
+import numbers
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -359,6 +360,8 @@ def infer_all_representations(model: models_lib.Model, update_tree: Params,
   gradients_lib.check_grads_match(
       jax.eval_shape(model.init, jax.random.key(0)), update_tree,
       "update_tree")
+  if isinstance(M, bool) or not isinstance(M, numbers.Integral) or M < 1:
+    raise ValueError(f"M must be an integer >= 1; got {M!r}.")
   layers = model.fc_layers
   head = update_tree[layers[-1]]
   mask = infer_classes(head, threshold=threshold, k=num_classes_hint,
@@ -421,6 +424,48 @@ def conv_layers(model: models_lib.Model) -> tuple[str, ...]:
   return tuple(k for k in params if k not in model.fc_layers)
 
 
+def _check_objective(model: models_lib.Model, params: Params, target: Any,
+                     label: Any, objective: str,
+                     batch: int | None = None) -> None:
+  """Host-side (trace-time) checks of :func:`make_objective`'s arguments.
+
+  ``batch`` (images reconstructed jointly, None: unknown) also checks the
+  leading axis of the label and of the representation.
+  """
+  if objective not in OBJECTIVES:
+    raise ValueError(f"Unknown objective {objective!r}; valid objectives: "
+                     f"{', '.join(OBJECTIVES)}.")
+  if objective == "representation":
+    f = model.num_features
+    shape = jnp.shape(target)
+    want = ((f,), (1, f)) if batch in (None, 1) else ((batch, f),)
+    if (len(shape) not in (1, 2) or shape[-1] != f
+        or (batch is not None and shape not in want)):
+      raise ValueError(f"target must be a representation [{f}] (or [B, {f}] "
+                       f"for B images) for model {model.name!r}; got shape "
+                       f"{shape}" + (f" for {batch} image(s)." if batch
+                                     else "."))
+    return
+  if label is None:
+    raise ValueError(f"objective {objective!r} needs the label.")
+  shape, dtype = jnp.shape(label), jnp.result_type(label)
+  want = ((), (1,)) if batch in (None, 1) else ((batch,),)
+  if (not jnp.issubdtype(dtype, jnp.integer) or len(shape) > 1
+      or (batch is not None and shape not in want)):
+    raise ValueError("label must be integer class ids of shape [] or [B]"
+                     + (f" = [{batch}]" if batch else "") +
+                     f"; got {dtype}{shape}.")
+  if objective == "conv_gradient":
+    layers = conv_layers(model)
+    if not isinstance(target, Mapping) or not set(layers) <= set(target):
+      raise ValueError(f"target must be a gradient tree with the conv layers "
+                       f"{', '.join(layers)} of model {model.name!r}.")
+    gradients_lib.check_grads_match(_select(params, layers),
+                                    _select(target, layers), "target")
+  else:
+    gradients_lib.check_grads_match(params, target, "target")
+
+
 def make_objective(model: models_lib.Model, params: Params, target: Any,
                    label: jax.Array | None, objective: str):
   """The loss of one image ``x [H, W, C]`` (or a batch ``[B, H, W, C]``).
@@ -444,8 +489,13 @@ def make_objective(model: models_lib.Model, params: Params, target: Any,
     ``loss(x) -> scalar``.
 
   Raises:
-    ValueError: unknown objective or missing label.
+    ValueError: unknown objective, missing label, a label that is not an
+      integer of shape ``[]`` or ``[B]``, a representation whose last axis
+      is not the model's feature size, or a gradient tree that does not
+      match the parameters (for ``'conv_gradient'``: their conv sub-trees).
   """
+  _check_objective(model, params, target, label, objective)
+
   def as_batch(x):
     return x.reshape((-1, *model.input_shape))
 
@@ -457,11 +507,6 @@ def make_objective(model: models_lib.Model, params: Params, target: Any,
       return jnp.sum((r - target.reshape(r.shape)) ** 2)
 
     return loss
-  if objective not in OBJECTIVES:
-    raise ValueError(f"Unknown objective {objective!r}; valid objectives: "
-                     f"{', '.join(OBJECTIVES)}.")
-  if label is None:
-    raise ValueError(f"objective {objective!r} needs the label.")
   layers = conv_layers(model) if objective == "conv_gradient" else None
   tgt = _select(target, layers)
 
@@ -508,16 +553,30 @@ def reconstruct(model: models_lib.Model, params: Params, target: Any,
   Returns:
     ``(x [*x_shape] in [0, 1], losses [steps])``; ``losses[t]`` is the
     objective before iteration ``t``; after an early stop the remaining
-    entries repeat the final value.
+    entries repeat the final value. A non-finite objective (the run
+    diverged) ends the loop and is written to ``losses[-1]``, so the run
+    diverged exactly when ``losses[-1]`` is not finite; ``x`` is then the
+    image at the non-finite objective (it may hold NaN) and must not be
+    read as a reconstruction. (A pair, not a result with a ``diverged``
+    field, so that callers unpacking ``x, losses`` keep working.)
 
   Raises:
-    ValueError: unknown objective, missing label, or ``x_shape`` that does
-      not fit the model.
+    ValueError: unknown objective, missing label, ``steps`` or
+      ``memory_size`` not an integer >= 1, or a shape that does not fit:
+      ``x_shape`` vs the model, the label vs ``[]`` / ``[B]``, the
+      representation vs ``[F]`` / ``[B, F]``, the gradient tree vs the
+      parameters (:func:`make_objective`). Checked on the host (at trace
+      time under ``jit``), before the loop.
   """
   x_shape = tuple(int(d) for d in x_shape)
   if x_shape[-3:] != tuple(model.input_shape) or len(x_shape) not in (3, 4):
     raise ValueError(f"x_shape {x_shape} does not fit model {model.name!r} "
                      f"(input shape {model.input_shape}, or a batch of it).")
+  for name, v in (("steps", steps), ("memory_size", memory_size)):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+      raise ValueError(f"{name} must be an integer >= 1; got {v!r}.")
+  _check_objective(model, params, target, label, objective,
+                   batch=x_shape[0] if len(x_shape) == 4 else 1)
   obj = make_objective(model, params, target, label, objective)
   fn = lambda z: obj(jax.nn.sigmoid(z))
   opt = optax.lbfgs(memory_size=memory_size)
@@ -528,7 +587,7 @@ def reconstruct(model: models_lib.Model, params: Params, target: Any,
 
   def cond(carry):
     i, _, _, value, _ = carry
-    return (i < steps) & (value > rtol * v0)
+    return (i < steps) & (value > rtol * v0) & jnp.isfinite(value)
 
   def body(carry):
     i, z, state, _, losses = carry
@@ -542,6 +601,10 @@ def reconstruct(model: models_lib.Model, params: Params, target: Any,
   i, z, _, value, losses = jax.lax.while_loop(
       cond, body, (0, z0, opt.init(z0), v0, losses0))
   losses = jnp.where(jnp.arange(steps) < i, losses, value)
+  # A non-finite objective ended the run: make the last entry say so even
+  # when it happened at the last iteration.
+  losses = losses.at[-1].set(jnp.where(jnp.isfinite(value), losses[-1],
+                                       value))
   return jax.nn.sigmoid(z), losses
 
 
