@@ -77,3 +77,21 @@ def test_accuracy_drop_is_paired_by_seed():
   assert d["mean"] == pytest.approx(0.20)
   assert d["high"] - d["low"] == pytest.approx(0.0, abs=1e-12)
   assert ea.accuracy_drop(none, pts, 0.05)["reached"] is False
+
+
+def test_a_shared_soteria_point_is_resampled_once_per_replicate():
+  """Two baseline points with constant privacy both pair with one Soteria
+  point: the median ratio moves with that one point's resample, so its
+  interval is the single pair's, not the narrower one of two independent
+  draws."""
+  rng = np.random.default_rng(0)
+  s = {"strength": 60, "accuracy": [0.9] * 3,
+       "mse_clamped": list(rng.lognormal(0, 1, 24)), "seeds": [0] * 24}
+  q1 = {"strength": 1, "accuracy": [0.9] * 3, "mse_clamped": [1.0] * 24}
+  q2 = {"strength": 2, "accuracy": [0.9] * 3, "mse_clamped": [1.0] * 24}
+  one = ea._median_ratio_ci([(s, q1)], "mse_clamped")
+  two = ea._median_ratio_ci([(s, q1), (s, q2)], "mse_clamped")
+  # Independent draws per pair would shrink the width by ~1/sqrt(2).
+  width = lambda r: r["high"] - r["low"]  # noqa: E731
+  assert width(two) == pytest.approx(width(one), rel=0.1)
+  assert two["value"] == one["value"]

@@ -93,7 +93,13 @@ def test_visual_end_to_end(mock_env):
   assert [(s["defense"], s["images"]) for s in result["settings"]] == [
       ("none", 4), ("soteria", 4), ("compression", 4)]  # 2 seeds x 2 images
   _claims_ok(result)
-  assert len(result["claims"]) == 2
+  # Soteria against GS alone and against the best of GS / gs_mask; then
+  # compression.
+  assert [c["claim"].split(" (")[1].split(";")[0] for c in
+          result["claims"]] == ["gs alone, the paper's attack",
+                                "best of gs/gs_mask", "best of gs/gs_mask"]
+  soteria = result["settings"][1]["per_attack"]["best"]["ssim"]
+  assert soteria["groups"] == 2  # the interval is over the 2 seeds' means
   # 2 seeds x 3 settings: a cell and its reconstructions each.
   assert len(os.listdir(os.path.join(workdir, "cells"))) == 12
   _rerun_reuses(visual, config, workdir)

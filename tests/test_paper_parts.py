@@ -77,6 +77,13 @@ def test_repinfer_claims_follow_rules():
   v = _verdicts(leakage.claims(None, {"update": _recon(
       [0.3, 0.35, 0.32], [1.0, 0.99, 1.0], worse)}))
   assert set(v.values()) == {"did not hold"}
+  # The whole-gradient attack itself fails (1 image in 3 reconstructed):
+  # neither comparison measures anything.
+  failed = _recon([0.1, 0.12, 0.7], [0.05, 0.1, 0.65], close)
+  failed["gradient_success_rate"] = 1 / 3
+  v = _verdicts(leakage.claims(None, {"update": failed}))
+  assert set(v.values()) == {"inconclusive (whole-gradient attack fails: "
+                             "reconstructs 0.333 of the images)"}
 
 
 # --------------------------------------------------------------------------
@@ -269,6 +276,32 @@ def test_visual_claims_follow_rules():
   points[0] = _point("none", 0.0, [0.3, 0.2, 0.1])
   assert {r["verdict"] for r in visual.claims(config, points)} == {
       "inconclusive (attacks fail undefended)"}
+
+
+def test_visual_soteria_against_gs_alone_and_the_adaptive_best():
+  config = _visual_config()
+  config.attacks = ("gs", "gs_mask")
+
+  def point(defense, strength, gs, best):
+    return {"defense": defense, "strength": strength, "per_attack": {
+        name: {"ssim": _ci(v), "success_rate": float(np.mean(
+            [x >= 0.6 for x in v]))} for name, v in (("gs", gs),
+                                                      ("best", best))}}
+
+  points = [point("none", 0.0, [0.99, 0.97, 0.98], [0.99, 0.98, 0.99]),
+            point("soteria", 60.0, [0.05, 0.1, 0.02], [0.9, 0.95, 0.85])]
+  rows = visual.claims(config, points)
+  assert [(r["claim"].split("(")[1].split(";")[0], r["verdict"])
+          for r in rows] == [("gs alone, the paper's attack", "held"),
+                             ("best of gs/gs_mask", "did not hold")]
+
+
+def test_certified_rates_must_include_the_undefended_reference():
+  config = _cert_config()
+  config.seeds = (0,)
+  config.rates = (20.0, 50.0)
+  with pytest.raises(ValueError, match="rates must include 0"):
+    theorem1._plan(config)
 
 
 def test_convergence_claims_follow_rules():

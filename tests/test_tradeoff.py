@@ -212,7 +212,8 @@ def test_best_of_ignores_diverged_attacks_and_counts_all_diverged():
   best = point["per_attack"]["best"]
   assert best["diverged"] == 1 and best["ssim"]["n"] == 2
   assert best["ssim"]["mean"] == pytest.approx(0.45)
-  assert best["success_rate"] == pytest.approx(0.5)
+  # Over every image: the all-diverged one counts as a failure (1 of 3).
+  assert best["success_rate"] == pytest.approx(1 / 3)
   assert point["per_attack"]["dlg"]["diverged"] == 2
   assert point["per_attack"]["dlg"]["ssim"]["n"] == 1
   # The samples the statistics use leave the all-diverged image out.

@@ -178,16 +178,19 @@ def _cell_name(cell: dict[str, Any]) -> str:
 # Analysis.
 
 
-def _ssims(images: list[dict], attack: str | None) -> tuple[list[float], int]:
-  """SSIM samples of an attack (None: the best-of) and the diverged count."""
-  vals, diverged = [], 0
+def _ssims(images: list[dict], attack: str | None
+           ) -> tuple[list[float], list[Any], int]:
+  """SSIM samples of an attack (None: the best-of), their seeds and the
+  diverged count."""
+  vals, seeds, diverged = [], [], 0
   for e in images:
     m = e["best"] if attack is None else e["attacks"][attack]
     if m.get("all_diverged") or m.get("diverged"):
       diverged += 1
     else:
       vals.append(float(m["ssim"]))
-  return vals, diverged
+      seeds.append(e.get("seed"))
+  return vals, seeds, diverged
 
 
 def verdict(ssim: dict[str, Any], undefended_success: float | None,
@@ -209,7 +212,8 @@ def analyse(config: ml_collections.ConfigDict,
   groups: dict[tuple, list[dict]] = {}
   for cell, result in cells:
     key = (cell["panel"], cell["stage"], cell["variant"], cell["rate"])
-    groups.setdefault(key, []).extend(result["images"])
+    groups.setdefault(key, []).extend(
+        {**e, "seed": cell["seed"]} for e in result["images"])
   rows = []
   for (panel, stage, variant, rate), images in groups.items():
     attacks = suite(config.panels[panel].family)
@@ -219,16 +223,18 @@ def analyse(config: ml_collections.ConfigDict,
            "variant": variant, "rate": rate, "images": len(images),
            "attacks": {}}
     for name in (*attacks, None):
-      vals, diverged = _ssims(images, name)
-      base, _ = _ssims(undefended, name)
-      success = (float(np.mean([v >= config.success_ssim for v in base]))
-                 if base else None)
+      vals, seeds, diverged = _ssims(images, name)
+      base, _, base_diverged = _ssims(undefended, name)
+      # A diverged undefended attack is a failure of the attack.
+      success = (float(np.mean([v >= config.success_ssim for v in base] +
+                               [False] * base_diverged))
+                 if undefended else None)
       mse = [float(e["best"]["mse_clamped"] if name is None else
                    e["attacks"][name]["mse_clamped"]) for e in images
              if not (e["best"].get("all_diverged") if name is None else
                      e["attacks"][name]["diverged"])]
-      summary = batched.summary(vals)
-      entry = {"ssim": summary, "mse_clamped": batched.summary(mse),
+      summary = batched.summary(vals, seeds)
+      entry = {"ssim": summary, "mse_clamped": batched.summary(mse, seeds),
                "diverged": diverged, "undefended_success_rate": success,
                "verdict": ("undefended" if variant == "none" else verdict(
                    summary, success, config.unrecognisable))}
@@ -323,7 +329,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   rows = analyse(config, done)
   result = harness.jsonable({
       "experiment": "adaptive", "config": config.to_dict(),
-      "pixel_space": PIXEL_SPACE,
+      "pixel_space": PIXEL_SPACE, "interval_rule": stats.INTERVAL_RULE,
       "image_source": sorted({r["source"] for _, r in done}),
       "verdict_rule": (f"holds when the mean SSIM interval is <= "
                        f"{config.unrecognisable} while the same attack "

@@ -150,13 +150,21 @@ def image_keys(keys: harness.SweepKeys, indices: Sequence[int]
   return (jnp.stack([p[0] for p in pairs]), jnp.stack([p[1] for p in pairs]))
 
 
-def summary(values: Sequence[float]) -> dict[str, Any]:
-  """Mean with its Student-t 95 % interval, median and n of finite values."""
+def summary(values: Sequence[float],
+            seeds: Sequence[Any] | None = None) -> dict[str, Any]:
+  """Mean with its Student-t 95 % interval, median and n of finite values.
+
+  With ``seeds`` (the seed of each value) the interval is over the seeds'
+  means (:func:`repdef_jax.paper.stats.mean_ci`); ``groups`` counts them.
+  """
   v = [float(x) for x in values]
-  m = stats.mean_ci(v)
+  m = stats.mean_ci(v, groups=seeds)
   finite = [x for x in v if np.isfinite(x)]
-  return {"mean": m["mean"], "low": m["low"], "high": m["high"], "n": m["n"],
-          "median": float(np.median(finite)) if finite else None}
+  out = {"mean": m["mean"], "low": m["low"], "high": m["high"], "n": m["n"],
+         "median": float(np.median(finite)) if finite else None}
+  if seeds is not None:
+    out["groups"] = m["groups"]
+  return out
 
 
 def interval(summary_: dict[str, Any]) -> str:

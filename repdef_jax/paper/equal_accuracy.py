@@ -17,7 +17,8 @@ These statistics were fixed before any result was looked at
   ``accuracy(q)`` over ``q``'s privacy. Headline numbers: the median ratio
   over the curve and the ratio at the baseline's first *protective* point
   (the lowest strength whose mean SSIM is at most a threshold), each with a
-  bootstrap interval over the images of the cells involved. Never a maximum.
+  bootstrap interval (seeds, then images within a seed, of the cells
+  involved). Never a maximum.
 * The *accuracy drop* at a threshold: undefended accuracy minus the accuracy
   of the defense's first protective point, paired by seed, t interval.
 """
@@ -75,23 +76,44 @@ def first_protective(points: Sequence[Point], threshold: float,
   return None
 
 
+def _seeds(point: Point, metric: str) -> list[Any] | None:
+  """The seed of each of ``point[metric]``'s samples (None: not recorded)."""
+  seeds = point.get("seeds")
+  return seeds if seeds is not None and len(seeds) == len(point[metric]) \
+      else None
+
+
+def ratio_ci(num: Point, den: Point, metric: str) -> dict[str, Any]:
+  """:func:`repdef_jax.paper.stats.ratio_ci` of two points' samples, each
+  resampled by seed."""
+  return stats.ratio_ci(num[metric], den[metric],
+                        numerator_groups=_seeds(num, metric),
+                        denominator_groups=_seeds(den, metric))
+
+
 def _median_ratio_ci(pairs: list[tuple[Point, Point]], metric: str,
                      samples: int = stats.BOOTSTRAP_SAMPLES,
                      seed: int = 0) -> dict[str, Any]:
-  """Median over pairs of mean(num)/mean(den), bootstrap over images."""
+  """Median over pairs of mean(num)/mean(den), bootstrap over seeds, then
+  images. A point in several pairs (one Soteria point is the frontier for
+  several baseline points) is resampled once per replicate, so its pairs
+  move together."""
   if not pairs:
     return {"value": None, "low": None, "high": None, "n": 0}
-  clean = [(np.asarray(a[metric], float), np.asarray(b[metric], float))
-           for a, b in pairs]
-  clean = [(a[np.isfinite(a)], b[np.isfinite(b)]) for a, b in clean]
-  value = float(np.median([a.mean() / b.mean() for a, b in clean]))
+  cells = {id(p): p for pair in pairs for p in pair}
+  values = {}
+  for key, p in cells.items():
+    v, split = stats.finite_groups(p[metric], _seeds(p, metric))
+    values[key] = (v, split)
+  mean = {key: v.mean() for key, (v, _) in values.items()}
+  value = float(np.median([mean[id(a)] / mean[id(b)] for a, b in pairs]))
   rng = np.random.default_rng(seed)
+  draws = {key: stats.resampler(v, split, rng)
+           for key, (v, split) in values.items()}
   boot = np.empty(samples)
   for i in range(samples):
-    boot[i] = np.median([
-        a[rng.integers(0, a.size, a.size)].mean() /
-        max(b[rng.integers(0, b.size, b.size)].mean(), 1e-300)
-        for a, b in clean])
+    m = {key: draw().mean() for key, draw in draws.items()}
+    boot[i] = np.median([m[id(a)] / max(m[id(b)], 1e-300) for a, b in pairs])
   lo, hi = np.quantile(boot, [0.025, 0.975])
   return {"value": value, "low": float(lo), "high": float(hi),
           "n": len(pairs)}
@@ -127,7 +149,7 @@ def ratio_curve(soteria: Sequence[Point], baseline: Sequence[Point],
            "baseline_privacy": mean_of(q, metric),
            "in_range": bool(lo <= a <= hi) and s is not None}
     if s is not None:
-      r = stats.ratio_ci(s[metric], q[metric])
+      r = ratio_ci(s, q, metric)
       row.update({"soteria_strength": s["strength"],
                   "soteria_accuracy": mean_accuracy(s),
                   "soteria_privacy": mean_of(s, metric),
@@ -154,7 +176,7 @@ def ratio_at_first_protective(soteria: Sequence[Point],
     return {"threshold": threshold, "baseline_strength": q["strength"],
             "value": None, "low": None, "high": None,
             "note": "no Soteria point reaches the baseline's accuracy"}
-  r = stats.ratio_ci(s[metric], q[metric])
+  r = ratio_ci(s, q, metric)
   return {"threshold": threshold, "baseline_strength": q["strength"],
           "baseline_accuracy": mean_accuracy(q),
           "soteria_strength": s["strength"],
@@ -173,9 +195,11 @@ def accuracy_drop(undefended: Point, points: Sequence[Point],
       unrecognisable.
 
   Returns:
-    ``{'threshold', 'strength', 'reached', 'mean', 'low', 'high', 'n'}``:
-    the paired (by seed) accuracy drop in accuracy points (fractions) with
-    a t interval; ``reached`` False when no point of the sweep protects.
+    ``{'threshold', 'strength', 'reached', 'mean', 'low', 'high', 'n',
+    'diverged_training'}``: the paired (by seed) accuracy drop in accuracy
+    points (fractions) with a t interval over the seeds whose training did
+    not diverge (their count in ``diverged_training``); ``reached`` False
+    when no point of the sweep protects.
   """
   p = first_protective(points, threshold)
   if p is None:
@@ -183,4 +207,7 @@ def accuracy_drop(undefended: Point, points: Sequence[Point],
             "mean": None, "low": None, "high": None, "n": 0}
   d = stats.paired_difference_ci(undefended["accuracy"], p["accuracy"])
   return {"threshold": threshold, "strength": p["strength"], "reached": True,
-          "mean": d["mean"], "low": d["low"], "high": d["high"], "n": d["n"]}
+          "mean": d["mean"], "low": d["low"], "high": d["high"], "n": d["n"],
+          # A seed whose training diverged has accuracy NaN: no drop for it.
+          "diverged_training": int(np.sum(~np.isfinite(
+              np.asarray(p["accuracy"], np.float64))))}

@@ -2,8 +2,16 @@
 
 Every number the report quotes is a mean (or median) with a 95 % interval:
 Student-t for means over seeds (few, independent runs), a percentile
-bootstrap for medians and ratios (resampling the images or seeds a value was
-averaged over). Host-side NumPy/SciPy only.
+bootstrap for medians and ratios, Clopper-Pearson for proportions.
+
+Samples of one seed are not independent (one model, one partition, one
+draw of images), so a statistic over images x seeds takes ``groups`` (the
+seed of each sample): its interval is then Student-t over the seeds' means
+(seeds - 1 degrees of freedom) and its bootstrap resamples seeds, then
+images within each drawn seed. With a single seed (the ``quick`` smoke
+preset) there is no between-seed spread and the interval is over the
+images; ``groups`` in the output says how many seeds there were.
+Host-side NumPy/SciPy only.
 """
 
 from __future__ import annotations
@@ -16,6 +24,11 @@ from scipy import stats as scipy_stats
 
 LEVEL = 0.95
 BOOTSTRAP_SAMPLES = 2000
+# Recorded in every part's result JSON (``interval_rule``) and printed by
+# the report; parts written before it existed pooled images x seeds.
+INTERVAL_RULE = ("over seeds: Student-t over the seeds' means (seeds - 1 "
+                 "degrees of freedom); bootstraps resample seeds, then images "
+                 "within a seed; proportions Clopper-Pearson")
 
 
 def _finite(values: Sequence[float]) -> np.ndarray:
@@ -23,21 +36,43 @@ def _finite(values: Sequence[float]) -> np.ndarray:
   return v[np.isfinite(v)]
 
 
-def mean_ci(values: Sequence[float], level: float = LEVEL
-            ) -> dict[str, Any]:
+def finite_groups(values: Sequence[float], groups: Sequence[Any] | None
+                   ) -> tuple[np.ndarray, list[np.ndarray] | None]:
+  """Finite values, and (with ``groups``) their split by group label."""
+  if groups is None:
+    return _finite(values), None
+  if len(groups) != len(values):
+    raise ValueError(f"groups must label every value: {len(groups)} labels "
+                     f"for {len(values)} values.")
+  v = np.asarray([float(x) for x in values], np.float64)
+  labels = np.asarray([str(g) for g in groups])
+  keep = np.isfinite(v)
+  v, labels = v[keep], labels[keep]
+  return v, [v[labels == g] for g in dict.fromkeys(labels.tolist())]
+
+
+def mean_ci(values: Sequence[float], level: float = LEVEL,
+            groups: Sequence[Any] | None = None) -> dict[str, Any]:
   """Mean and Student-t interval of the finite values.
 
   Args:
     values: samples (non-finite ones are dropped and counted).
     level: confidence level.
+    groups: optional label of each value (its seed). With two or more
+      groups the mean is the mean of the group means (the plain mean for
+      groups of equal size) and the interval is over the group means.
 
   Returns:
-    ``{'mean', 'low', 'high', 'n', 'dropped'}``; low/high are None when
-    fewer than two finite values exist, and equal the mean when all values
-    are equal.
+    ``{'mean', 'low', 'high', 'n', 'dropped'}`` (and ``'groups'``, the
+    number of groups, when given); low/high are None when fewer than two
+    finite values exist, and equal the mean when all values are equal.
   """
-  v = _finite(values)
+  v, split = finite_groups(values, groups)
   out = {"n": int(v.size), "dropped": int(len(values) - v.size)}
+  if split is not None:
+    out["groups"] = len(split)
+    if len(split) >= 2:
+      v = np.array([g.mean() for g in split])
   if v.size == 0:
     return {**out, "mean": None, "low": None, "high": None}
   mean = float(np.mean(v))
@@ -48,10 +83,26 @@ def mean_ci(values: Sequence[float], level: float = LEVEL
   return {**out, "mean": mean, "low": mean - half, "high": mean + half}
 
 
+def resampler(v: np.ndarray, split: list[np.ndarray] | None,
+               rng: np.random.Generator) -> Callable[[], np.ndarray]:
+  """Draws one bootstrap sample of ``v``: of its groups, then of the values
+  within each drawn group (two-stage), or of the values (one group)."""
+  if split is None or len(split) < 2:
+    return lambda: v[rng.integers(0, v.size, v.size)]
+
+  def draw():
+    picked = rng.integers(0, len(split), len(split))
+    return np.concatenate([
+        split[g][rng.integers(0, split[g].size, split[g].size)]
+        for g in picked])
+  return draw
+
+
 def bootstrap_ci(values: Sequence[float] | np.ndarray,
                  statistic: Callable[[np.ndarray], float] = np.median,
                  level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES,
-                 seed: int = 0) -> dict[str, Any]:
+                 seed: int = 0, groups: Sequence[Any] | None = None
+                 ) -> dict[str, Any]:
   """A statistic of the finite values and its percentile bootstrap interval.
 
   Args:
@@ -61,36 +112,64 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray,
     samples: bootstrap resamples.
     seed: NumPy seed of the resampling (fixed: the interval is
       reproducible).
+    groups: optional label of each value (its seed): resample groups, then
+      values within each drawn group.
 
   Returns:
     ``{'value', 'low', 'high', 'n', 'dropped'}`` (low/high None for n < 2).
   """
-  v = _finite(values)
+  v, split = finite_groups(values, groups)
   out = {"n": int(v.size), "dropped": int(len(values) - v.size)}
+  if split is not None:
+    out["groups"] = len(split)
   if v.size == 0:
     return {**out, "value": None, "low": None, "high": None}
   value = float(statistic(v))
   if v.size < 2:
     return {**out, "value": value, "low": None, "high": None}
-  rng = np.random.default_rng(seed)
-  idx = rng.integers(0, v.size, (samples, v.size))
-  boot = np.array([statistic(v[i]) for i in idx])
+  draw = resampler(v, split, np.random.default_rng(seed))
+  boot = np.array([statistic(draw()) for _ in range(samples)])
   lo, hi = np.quantile(boot, [0.5 - level / 2, 0.5 + level / 2])
   return {**out, "value": value, "low": float(lo), "high": float(hi)}
 
 
+def proportion_ci(successes: int, n: int, level: float = LEVEL
+                  ) -> dict[str, Any]:
+  """A proportion with its Clopper-Pearson (exact binomial) interval.
+
+  Unlike a bootstrap it does not collapse at 0 / n or n / n (0 of 24 gives
+  [0, 0.14]). It treats the n trials as independent.
+
+  Returns:
+    ``{'value', 'low', 'high', 'n'}`` (all None but n when n = 0).
+  """
+  if n == 0:
+    return {"value": None, "low": None, "high": None, "n": 0}
+  alpha = 1 - level
+  low = (0.0 if successes == 0 else
+         float(scipy_stats.beta.ppf(alpha / 2, successes, n - successes + 1)))
+  high = (1.0 if successes == n else
+          float(scipy_stats.beta.ppf(1 - alpha / 2, successes + 1,
+                                     n - successes)))
+  return {"value": successes / n, "low": low, "high": high, "n": int(n)}
+
+
 def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
              level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES,
-             seed: int = 0) -> dict[str, Any]:
+             seed: int = 0, numerator_groups: Sequence[Any] | None = None,
+             denominator_groups: Sequence[Any] | None = None
+             ) -> dict[str, Any]:
   """``mean(numerator) / mean(denominator)`` with a bootstrap interval.
 
   The two samples are resampled independently (they come from different
-  cells). A non-positive denominator mean gives None.
+  cells), each by its groups (seeds) when given. A non-positive
+  denominator mean gives None.
 
   Returns:
     ``{'value', 'low', 'high', 'n_num', 'n_den'}``.
   """
-  a, b = _finite(numerator), _finite(denominator)
+  a, split_a = finite_groups(numerator, numerator_groups)
+  b, split_b = finite_groups(denominator, denominator_groups)
   out = {"n_num": int(a.size), "n_den": int(b.size)}
   if a.size == 0 or b.size == 0 or np.mean(b) <= 0:
     return {**out, "value": None, "low": None, "high": None}
@@ -98,21 +177,25 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
   if a.size < 2 or b.size < 2:
     return {**out, "value": value, "low": None, "high": None}
   rng = np.random.default_rng(seed)
-  ma = a[rng.integers(0, a.size, (samples, a.size))].mean(axis=1)
-  mb = b[rng.integers(0, b.size, (samples, b.size))].mean(axis=1)
-  boot = ma / np.maximum(mb, np.finfo(np.float64).tiny)
+  draw_a, draw_b = resampler(a, split_a, rng), resampler(b, split_b, rng)
+  boot = np.array([draw_a().mean() / max(draw_b().mean(),
+                                         np.finfo(np.float64).tiny)
+                   for _ in range(samples)])
   lo, hi = np.quantile(boot, [0.5 - level / 2, 0.5 + level / 2])
   return {**out, "value": value, "low": float(lo), "high": float(hi)}
 
 
 def paired_difference_ci(a: Sequence[float], b: Sequence[float],
-                         level: float = LEVEL) -> dict[str, Any]:
+                         level: float = LEVEL,
+                         groups: Sequence[Any] | None = None
+                         ) -> dict[str, Any]:
   """Mean of ``a_i - b_i`` over pairs (e.g. seeds) with a t interval.
 
   Args:
     a: per-pair values (e.g. undefended accuracy per seed).
     b: per-pair values of the same pairs (e.g. defended accuracy per seed).
     level: confidence level.
+    groups: optional label (seed) of each pair, as in :func:`mean_ci`.
 
   Returns:
     :func:`mean_ci` of the differences.
@@ -123,7 +206,8 @@ def paired_difference_ci(a: Sequence[float], b: Sequence[float],
   if len(a) != len(b):
     raise ValueError(f"paired samples must have equal lengths, got {len(a)} "
                      f"and {len(b)}.")
-  return mean_ci([float(x) - float(y) for x, y in zip(a, b)], level)
+  return mean_ci([float(x) - float(y) for x, y in zip(a, b)], level,
+                 groups=groups)
 
 
 def verdict(low: float | None, high: float | None, target: float,

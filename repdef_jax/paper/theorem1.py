@@ -115,6 +115,9 @@ def rate_cell(config: ml_collections.ConfigDict, panel: _Panel,
 
 
 def _plan(config: ml_collections.ConfigDict):
+  if 0.0 not in [float(r) for r in config.rates]:
+    raise ValueError(f"rates must include 0 (the undefended reference the "
+                     f"attacks are checked on); got {tuple(config.rates)}.")
   return [(p, int(s), float(r)) for p in config.panels for s in config.seeds
           for r in config.rates]
 
@@ -126,7 +129,7 @@ def analyse_panel(config: ml_collections.ConfigDict, name: str,
   attacks = tuple(config.panels[name].attacks)
   rates = sorted({r for _, r in cells})
   seeds = sorted({s for s, _ in cells})
-  base = min(rates)
+  base = 0.0  # _plan checked that the rates include it.
   ok = {}  # (seed, image position, attack) -> succeeded undefended
   for s in seeds:
     for i, e in enumerate(cells[(s, base)]["images"]):
@@ -137,18 +140,21 @@ def analyse_panel(config: ml_collections.ConfigDict, name: str,
          "model": config.panels[name].model, "attacks": list(attacks),
          "reference_rate": base, "rates": [], "bound_holds": {}}
   for r in rates:
-    entries = [e for s in seeds for e in cells[(s, r)]["images"]]
+    entries = [{**e, "seed": s} for s in seeds for e in cells[(s, r)]["images"]]
     row = {"rate": r,
            "certified_bound": batched.summary(
-               [e["certified_bound"] for e in entries]),
+               [e["certified_bound"] for e in entries],
+               [e["seed"] for e in entries]),
            "pruned_fraction": float(np.mean([e["pruned_fraction"]
                                              for e in entries]))}
     for a in attacks:
-      ms = [e["attacks"][a] for e in entries if not e["attacks"][a]["diverged"]]
-      row[a] = {"distance": batched.summary([float(m["distance"]) for m in ms]),
+      kept = [e for e in entries if not e["attacks"][a]["diverged"]]
+      ms, ss = [e["attacks"][a] for e in kept], [e["seed"] for e in kept]
+      row[a] = {"distance": batched.summary([float(m["distance"]) for m in ms],
+                                            ss),
                 "empirical_bound": batched.summary(
-                    [m["empirical_bound"] for m in ms]),
-                "ssim": batched.summary([m["ssim"] for m in ms]),
+                    [m["empirical_bound"] for m in ms], ss),
+                "ssim": batched.summary([m["ssim"] for m in ms], ss),
                 "diverged": len(entries) - len(ms)}
     out["rates"].append(row)
   for a in attacks:
@@ -170,7 +176,7 @@ def analyse_panel(config: ml_collections.ConfigDict, name: str,
     out["bound_holds"][a] = {
         "undefended_success_rate": float(np.mean(succ)),
         "pairs": len(above), "diverged_pairs": diverged,
-        "fraction_above": stats.bootstrap_ci(above, np.mean)}
+        "fraction_above": stats.proportion_ci(int(sum(above)), len(above))}
   return out
 
 
@@ -248,7 +254,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   panels = {name: analyse_panel(config, name, c) for name, c in cells.items()}
   result = harness.jsonable({
       "experiment": "certified", "config": config.to_dict(),
-      "pixel_space": PIXEL_SPACE,
+      "pixel_space": PIXEL_SPACE, "interval_rule": stats.INTERVAL_RULE,
       "image_source": sorted({c["source"] for v in cells.values()
                               for c in v.values()}),
       "panels": panels, "claims": claims(config, panels),

@@ -301,24 +301,42 @@ def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
 # Analysis (pure functions of the cells).
 
 
+def _kept(entry: dict, attack: str | None) -> dict | None:
+  """One image's metrics for an attack (the best-of when None), or None
+  when it diverged (every attack, for the best-of)."""
+  if attack is None:
+    return None if entry["best"].get("all_diverged") else entry["best"]
+  m = entry["attacks"][attack]
+  return None if m["diverged"] else m
+
+
 def _samples(entries: Sequence[dict], attack: str | None, metric: str
-             ) -> list[float]:
-  """Per-image values of one attack (or the best-of when None), dropping
-  diverged attacks (and images where every attack diverged)."""
-  out = []
-  for e in entries:
-    if attack is None:
-      if not e["best"].get("all_diverged"):
-        out.append(float(e["best"][metric]))
-    elif not e["attacks"][attack]["diverged"]:
-      out.append(float(e["attacks"][attack][metric]))
-  return out
+             ) -> tuple[list[float], list[Any]]:
+  """Per-image values of one attack (or the best-of when None) and the
+  seed of each, dropping diverged attacks (and images where every attack
+  diverged)."""
+  kept = [(_kept(e, attack), e.get("seed")) for e in entries]
+  return ([float(m[metric]) for m, _ in kept if m is not None],
+          [seed for m, seed in kept if m is not None])
 
 
-def _metric_summary(values: Sequence[float]) -> dict[str, Any]:
-  m = stats.mean_ci(values)
+def _metric_summary(values: Sequence[float],
+                    seeds: Sequence[Any] | None = None) -> dict[str, Any]:
+  m = stats.mean_ci(values, groups=seeds)
   return {"mean": m["mean"], "low": m["low"], "high": m["high"], "n": m["n"],
-          "median": float(np.median(values)) if len(values) else None}
+          "median": float(np.median(values)) if len(values) else None,
+          **({"groups": m["groups"]} if seeds is not None else {})}
+
+
+def success_rate(entries: Sequence[dict], attack: str | None,
+                 success_ssim: float) -> float | None:
+  """Share of the images an attack reconstructs (SSIM >= ``success_ssim``);
+  a diverged attack is a failure, never left out of the count."""
+  if not entries:
+    return None
+  ok = [_kept(e, attack) for e in entries]
+  return float(np.mean([m is not None and m["ssim"] >= success_ssim
+                        for m in ok]))
 
 
 def summarize_point(train: list[dict], attack_images: list[dict],
@@ -326,32 +344,35 @@ def summarize_point(train: list[dict], attack_images: list[dict],
                     ) -> dict[str, Any]:
   """One (panel, defense, strength) point over seeds: accuracy and privacy.
 
+  Args:
+    train: the point's training cells, one per seed.
+    attack_images: its attacked images, each with its ``seed``.
+    attacks: the suite.
+    success_ssim: an attack succeeds on an image at this SSIM or above.
+
   Returns:
-    accuracy per seed and its interval; per attack and best-of: mean /
-    interval / median of every privacy metric, the success rate (SSIM >=
-    ``success_ssim``) and the diverged count; ``privacy`` samples (per
-    image, best of the suite) for :mod:`repdef_jax.paper.equal_accuracy`.
+    accuracy per seed (NaN for a seed whose training diverged) and its
+    interval; per attack and best-of: mean / interval over seeds / median of
+    every privacy metric, the success rate over every image (a diverged
+    attack counts as a failure) and the diverged count; ``privacy`` samples
+    (per image, best of the suite) and their ``seeds`` for
+    :mod:`repdef_jax.paper.equal_accuracy`.
   """
-  acc = [c["accuracy"] for c in train]
+  acc = [float("nan") if c.get("diverged_at_round") is not None
+         else c["accuracy"] for c in train]
   point = {"accuracy": acc, "accuracy_summary": stats.mean_ci(acc),
            "diverged_training": sum(c.get("diverged_at_round") is not None
                                     for c in train),
            "images": len(attack_images)}
   for metric in PRIVACY_METRICS:
-    point[metric] = _samples(attack_images, None, metric)
+    point[metric], point["seeds"] = _samples(attack_images, None, metric)
   per = {}
   for name in (None, *attacks):
-    label = name or "best"
-    ssim = _samples(attack_images, name, "ssim")
-    diverged = (sum(bool(e["best"].get("all_diverged")) for e in attack_images)
-                if name is None else
-                sum(bool(e["attacks"][name]["diverged"]) for e in attack_images))
-    per[label] = {
-        **{m: _metric_summary(_samples(attack_images, name, m))
+    per[name or "best"] = {
+        **{m: _metric_summary(*_samples(attack_images, name, m))
            for m in PRIVACY_METRICS},
-        "success_rate": (float(np.mean([v >= success_ssim for v in ssim]))
-                         if ssim else None),
-        "diverged": int(diverged)}
+        "success_rate": success_rate(attack_images, name, success_ssim),
+        "diverged": sum(_kept(e, name) is None for e in attack_images)}
   point["per_attack"] = per
   return point
 
@@ -384,10 +405,12 @@ def analyse_panel(points: dict[tuple[str, float], dict], config
   holds = []
   for p in sot:
     drop = stats.paired_difference_ci(none["accuracy"], p["accuracy"])
-    if drop["mean"] is not None and drop["mean"] <= 0.01:
+    if drop["dropped"] == 0 and drop["mean"] is not None and (
+        drop["mean"] <= 0.01):
       holds.append({"strength": p["strength"], "accuracy_drop": drop,
-                    "mse": _metric_summary(p["mse"]),
-                    "mse_clamped": _metric_summary(p["mse_clamped"])})
+                    "mse": _metric_summary(p["mse"], p.get("seeds")),
+                    "mse_clamped": _metric_summary(p["mse_clamped"],
+                                                   p.get("seeds"))})
   out["accuracy_holds"] = holds
   return out
 
@@ -406,7 +429,8 @@ def panel_claims(name: str, panel: dict[str, Any], config) -> list[dict]:
         "clamped-MSE ratio ([0,1] pixels)", med["value"], med["low"],
         med["high"], target=160.0, rule="interval low >= 160",
         verdict_override=fail if med["value"] is not None else (
-            fail or "inconclusive (no common accuracy range)")))
+            fail or "inconclusive (no baseline point inside the common "
+            "accuracy range)")))
     first = next(x for x in r["mse_clamped"]["at_first_protective"]
                  if x["threshold"] == config.threshold)
     claims.append(stats.claim(
@@ -426,8 +450,10 @@ def panel_claims(name: str, panel: dict[str, Any], config) -> list[dict]:
           "0 (no drop)", f"paired drop at strength {drop['strength']}",
           drop["mean"], drop["low"], drop["high"], target=0.01,
           higher_holds=False, rule="interval high <= 0.01",
-          verdict_override=fail or (None if drop["reached"] else
-                                    "did not hold (never unrecognisable)")))
+          verdict_override=fail or (
+              "did not hold (never unrecognisable)" if not drop["reached"]
+              else "did not hold (training diverged)"
+              if drop.get("diverged_training") else None)))
     else:
       claims.append(stats.claim(
           f"{where}: {d}'s accuracy drop at the same threshold",
@@ -486,8 +512,8 @@ def analyse(config, cells: list[tuple[dict, dict]]) -> dict[str, Any]:
       mine = [(c, r) for c, r in cells if c["panel"] == name
               and c["defense"] == d and c["strength"] == s]
       train = [r for c, r in mine if c["kind"] == "train"]
-      images = [e for c, r in mine if c["kind"] == "attack"
-                for e in r["images"]]
+      images = [{**e, "seed": c["seed"]} for c, r in mine
+                if c["kind"] == "attack" for e in r["images"]]
       points[(d, s)] = summarize_point(train, images, attacks,
                                        config.success_ssim)
       ups = [(c, r) for c, r in mine
@@ -495,7 +521,8 @@ def analyse(config, cells: list[tuple[dict, dict]]) -> dict[str, Any]:
       if ups:
         updates[f"{d}/{s:g}"] = {
             st: summarize_point(
-                [], [r for c, r in ups if c["stage"] == st],
+                [], [{**r, "seed": c["seed"]} for c, r in ups
+                     if c["stage"] == st],
                 tuple(config.update_attack.attacks), config.success_ssim
             )["per_attack"]
             for st in config.update_attack.stages}
@@ -586,6 +613,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "experiment": "tradeoff",
       "config": config.to_dict(),
       "pixel_space": "[0,1] (model input space; no normalisation)",
+      "interval_rule": stats.INTERVAL_RULE,
       "claims": [c for name, p in panels.items()
                  for c in (*panel_claims(name, p, config),
                            *update_claims(name, p, config))],
