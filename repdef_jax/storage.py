@@ -96,11 +96,20 @@ def write_json(path: str, obj: Any) -> None:
 
 
 def read_json(path: str, default: Any = None) -> Any:
-  """Reads JSON from ``path``, or returns ``default`` when it does not exist."""
+  """Reads JSON from ``path``, or returns ``default`` when it does not exist.
+
+  Raises:
+    ValueError: the file exists but is not UTF-8 JSON (the message names
+      ``path``; e.g. a file truncated by a full disk).
+  """
   if not os.path.exists(path):
     return default
   with open(path, encoding="utf-8") as f:
-    return json.load(f)
+    try:
+      return json.load(f)
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError.
+      raise ValueError(f"{path} is not valid JSON ({error}); repair it or "
+                       "move it aside.") from error
 
 
 def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:

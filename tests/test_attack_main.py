@@ -183,3 +183,110 @@ def test_default_dlg_line_search_reconstructs_where_the_paper_rule_diverges():
   # Success by the evaluation's rule (SSIM >= 0.6) within a third of the
   # default budget (the full budget gives 0.996).
   assert not ssim["linesearch"][0] and ssim["linesearch"][1] >= 0.6, ssim
+
+
+def test_init_is_dlgs_uniform_for_lenet_only():
+  assert attack_main.DEFAULT_CONFIG["init"] == "auto"
+  assert attack_main.validate_config({})["init"] == "uniform"
+  for name in ("convnet64", "lenet5", "leakage", "mlp", "logreg"):
+    config = attack_main.validate_config({"model": name, "dataset": "mnist",
+                                          "defense": "none"})
+    assert config["init"] == "default", name
+  # An explicit init is the user's.
+  assert attack_main.validate_config(
+      {"model": "lenet5", "init": "uniform"})["init"] == "uniform"
+  assert attack_main.validate_config({"init": "default"})["init"] == "default"
+  with pytest.raises(ValueError, match="init must be one of auto, default, "
+                     "uniform; got 'xavier'"):
+    attack_main.validate_config({"init": "xavier"})
+
+
+def test_committed_readme_results_keep_their_config():
+  """The README's table (docs/results/main_job/results.json) was made by the
+  default command on DLG's LeNet with init 'uniform': the default config
+  still resolves to exactly the recorded one, so a rerun resumes it."""
+  from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
+  path = os.path.join(_ROOT, "docs", "results", "main_job", "results.json")
+  with open(path, encoding="utf-8") as f:
+    recorded = json.load(f)["config"]
+  assert recorded["model"] == "lenet" and recorded["init"] == "uniform"
+  assert harness.jsonable(attack_main.validate_config({})) == recorded
+
+
+def _predicted_label_gradient(config):
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from repdef_jax import gradients  # pylint: disable=g-import-not-at-top
+  from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
+  config = attack_main.validate_config(config)
+  model, _ = attack_main._build(config)  # pylint: disable=protected-access
+  params = model.init(harness.sweep_keys(config["seed"]).init)
+  images, _ = data.load_sample(config["dataset"], "test")
+  x = jnp.asarray(data.to_float(images[:1]))
+  logits = model.apply(params, x)
+  # The label the model predicts (own images without labels use it): where
+  # the softmax saturates, the gradient at it is exactly 0.
+  y = jnp.argmax(logits, axis=-1)
+  return (float(jnp.max(jnp.abs(logits))),
+          gradients.batch_grad(model, params, x, y))
+
+
+def test_convnet64_default_init_leaves_a_gradient_where_uniform_zeroes_it():
+  base = {"model": "convnet64", "dataset": "mnist", "defense": "none"}
+  top, grads = _predicted_label_gradient(base)
+  assert top < 10 and attack_main.true_gradient_problem(grads) is None
+  top, grads = _predicted_label_gradient({**base, "init": "uniform"})
+  assert top > 1e6  # DLG's init on ConvNet64: a saturated softmax
+  assert "all zeros" in attack_main.true_gradient_problem(grads)
+
+
+def test_saturated_softmax_gradient_is_not_attacked():
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from repdef_jax import defenses  # pylint: disable=g-import-not-at-top
+  from repdef_jax import models  # pylint: disable=g-import-not-at-top
+  model = models.get_model("logreg", (4, 4, 1), 3)
+  # Logits (1000, 0, 0) at label 0: softmax exactly one-hot, gradient 0.
+  params = {"head": {"kernel": jnp.zeros((16, 3)),
+                     "bias": jnp.array([1000.0, 0.0, 0.0])}}
+  key = jax.random.key(0)
+  with pytest.raises(ValueError, match="true gradient is all zeros"):
+    attack_main.attack_image(model, params, "gs", defenses.get_defense("none"),
+                             jnp.ones((1, 4, 4, 1)), jnp.array([0]), key, key,
+                             iterations=1)
+
+
+@pytest.mark.parametrize("scale,match", [
+    (0.0, "true gradient is all zeros"),
+    (float("nan"), "true gradient holds NaN or inf")])
+def test_degenerate_true_gradient_is_an_error_entry(tmp_path, monkeypatch,
+                                                    capsys, scale, match):
+  import jax  # pylint: disable=g-import-not-at-top
+  real = attack_main.harness.defend
+
+  def defend(*args):
+    grads, _, info = real(*args)
+    bad = jax.tree_util.tree_map(lambda g: g * scale, grads)
+    return bad, bad, info
+
+  monkeypatch.setattr(attack_main.harness, "defend", defend)
+  workdir = str(tmp_path / "run")
+  with tfds.testing.mock_data(num_examples=8):
+    results = attack_main.run({**CONFIG, "model": "logreg", "defense": "none",
+                               "num_images": 1}, workdir)
+  [entry] = results["images"]
+  assert entry["error"].startswith("ValueError: ") and match in entry["error"]
+  assert "undefended" not in entry
+  assert not os.path.exists(
+      os.path.join(workdir, f"recon_{entry['index']}.npz"))
+  assert match in capsys.readouterr().out  # the table's row says why
+
+
+@pytest.mark.parametrize("attack", ["dlg_drop", "gs_drop"])
+def test_drop_attack_on_a_one_layer_model_is_refused_up_front(attack):
+  with pytest.raises(ValueError, match=(
+      f"attack '{attack}' leaves no gradient entry of model 'logreg' to match"
+      r".*valid attacks for this model: dlg, idlg, gs, dlg_mask, gs_mask\.")):
+    attack_main.validate_config({"model": "logreg", "attack": attack,
+                                 "dataset": "mnist"})
+  # A model with layers below the defended one keeps them.
+  assert attack_main.validate_config({"attack": attack})["attack"] == attack

@@ -207,6 +207,17 @@ def _one_line_error(proc: subprocess.CompletedProcess, pattern: str) -> str:
   return f"exit 1, one line: {line[:80]}..."
 
 
+def _cli_workdir_file(e):
+  path = e["tmp"] / "a_file"
+  path.write_text("not a folder")
+  return _cli("experiments.attack", f"--workdir={path}")
+
+
+def _attack_run_corrupt_results(e):
+  (e["tmp"] / "results.json").write_text("{bad")
+  return _attack_run(e["tmp"])
+
+
 KEY = jax.random.key(0)
 CASES = [
     # ---- models ---------------------------------------------------------
@@ -606,6 +617,16 @@ CASES = [
     Case("experiments.attack.run: missing data directory",
          lambda e: _attack_run(e["tmp"], data_dir="/nonexistent/tfds"),
          error=FileNotFoundError, match="data_dir"),
+    Case("experiments.attack.run: dlg_drop on logreg (no layer left)",
+         lambda e: _attack_run(e["tmp"], model="logreg", attack="dlg_drop"),
+         match="attack 'dlg_drop' leaves no gradient entry of model 'logreg'"
+               ".*valid attacks for this model: dlg, idlg, gs"),
+    Case("experiments.attack.run: init 'xavier'",
+         lambda e: _attack_run(e["tmp"], init="xavier"),
+         match="init must be one of auto, default, uniform; got 'xavier'"),
+    Case("experiments.attack.run: corrupt results.json in the workdir",
+         _attack_run_corrupt_results,
+         match=r"results\.json is not valid JSON \(Expecting"),
     # ---- command lines --------------------------------------------------
     Case("CLI experiments.attack --dataset=svhn",
          lambda e: _cli("experiments.attack", "--dataset=svhn",
@@ -626,6 +647,42 @@ CASES = [
          check=lambda p: _one_line_error(
              p, r"attack: error: No data for dataset 'cifar10' split 'test': "
              r"no prepared TFDS copy in .*Fix: set TFDS_DATA_DIR")),
+    Case("CLI experiments.attack --config.num_image=5 (mistyped field)",
+         lambda e: _cli("experiments.attack", "--config.num_image=5",
+                        f"--workdir={e['tmp']}"), error=None,
+         check=lambda p: _one_line_error(
+             p, r"attack: error: --config\.num_image: no such field in the "
+             r"config .*; did you mean 'num_images' instead of 'num_image'\?")),
+    Case("CLI experiments.fedavg --config.round=5 (mistyped field)",
+         lambda e: _cli("experiments.fedavg", "--config.round=5",
+                        f"--workdir={e['tmp']}"), error=None,
+         check=lambda p: _one_line_error(
+             p, r"fedavg: error: --config\.round: .*did you mean 'rounds'")),
+    Case("CLI experiments.tradeoff --config=tradeoff.py:foo (unknown preset)",
+         lambda e: _cli("experiments.tradeoff",
+                        "--config=experiments/configs/tradeoff.py:foo",
+                        f"--workdir={e['tmp']}"), error=None,
+         check=lambda p: _one_line_error(
+             p, r"tradeoff: error: --config=experiments/configs/tradeoff\.py:"
+             r"foo: unknown preset 'foo'; use 'quick', 'medium', 'full' or "
+             r"'tiny'\.")),
+    Case("CLI experiments.attack --workdir=<a file>", _cli_workdir_file,
+         error=None, check=lambda p: _one_line_error(
+             p, r"attack: error: --workdir=.*a_file is a file; pass a folder")),
+    Case("CLI experiments.attack --model=logreg --attack=dlg_drop",
+         lambda e: _cli("experiments.attack", "--model=logreg",
+                        "--attack=dlg_drop", f"--workdir={e['tmp']}"),
+         error=None, check=lambda p: _one_line_error(
+             p, r"attack: error: attack 'dlg_drop' leaves no gradient entry "
+             r"of model 'logreg'")),
+    Case("CLI experiments.tradeoff dry run with num_images=0",
+         lambda e: _cli("experiments.tradeoff",
+                        "--config=experiments/configs/tradeoff.py:tiny",
+                        "--config.dry_run=True", "--config.num_images=0",
+                        f"--workdir={e['tmp']}"), error=None,
+         check=lambda p: _one_line_error(
+             p, r"tradeoff: error: num_images must be >= 1, an integer; "
+             r"got 0\.")),
     Case("CLI repdef_jax.data_cli prepare svhn",
          lambda e: _cli("repdef_jax.data_cli", "prepare", "svhn"), error=None,
          check=lambda p: _cli_error(p, r"invalid choice: 'svhn' \(choose "

@@ -16,16 +16,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from experiments import config_entry  # noqa: E402
 from experiments.configs import adaptive as adaptive_cfg  # noqa: E402
 from experiments.configs import certified as certified_cfg  # noqa: E402
 from experiments.configs import convergence as convergence_cfg  # noqa: E402
 from experiments.configs import repinfer as repinfer_cfg  # noqa: E402
+from experiments.configs import tradeoff as tradeoff_cfg  # noqa: E402
 from experiments.configs import visual as visual_cfg  # noqa: E402
 from repdef_jax.paper import adaptive  # noqa: E402
 from repdef_jax.paper import convergence  # noqa: E402
+from repdef_jax.paper import leakage  # noqa: E402
 from repdef_jax.paper import report  # noqa: E402
 from repdef_jax.paper import reproduce  # noqa: E402
 from repdef_jax.paper import theorem1  # noqa: E402
+from repdef_jax.paper import tradeoff  # noqa: E402
 from repdef_jax import training  # noqa: E402
 from repdef_jax.paper import settings  # noqa: E402
 from repdef_jax.paper import visual  # noqa: E402
@@ -62,6 +66,92 @@ def test_presets_exist():
   for cfg in (visual_cfg, certified_cfg, adaptive_cfg, convergence_cfg,
               repinfer_cfg):
     assert len(cfg.get_config("medium").seeds) >= 3
+
+
+_PERCENT = r"percent must be a number in \[0, 100\], got 150"
+
+
+@pytest.mark.parametrize("module,cfg,overrides,match", [
+    (visual, visual_cfg, {"seeds": ()},
+     r"seeds must be a non-empty sequence of integers, e\.g\. \(0, 1, 2\); "
+     r"got \(\)"),
+    (visual, visual_cfg, {"num_images": 0}, "num_images must be >= 1"),
+    (visual, visual_cfg, {"attacks": ("gs", "gz")},
+     "attacks: unknown attack 'gz'; valid names: dlg, idlg, gs"),
+    (visual, visual_cfg, {"settings": (("soteria", 150.0),)},
+     r"settings \(soteria\): " + _PERCENT),
+    (theorem1, certified_cfg, {"seeds": (0, 1.5)}, "seeds must be"),
+    (theorem1, certified_cfg, {"rates": (0.0, 150.0)},
+     r"rates \(soteria\): " + _PERCENT),
+    (adaptive, adaptive_cfg, {"num_images": 0}, "num_images must be >= 1"),
+    (leakage, repinfer_cfg, {"seeds": ()}, "seeds must be"),
+    # The dry run is checked too (it used to accept all of these).
+    (tradeoff, tradeoff_cfg, {"dry_run": True, "num_images": 0},
+     "num_images must be >= 1"),
+    (tradeoff, tradeoff_cfg, {"dry_run": True, "seeds": ()}, "seeds must be"),
+    (tradeoff, tradeoff_cfg, {"dry_run": True, "defenses.soteria": (150.0,)},
+     r"defenses \(soteria\): " + _PERCENT),
+    (tradeoff, tradeoff_cfg,
+     {"dry_run": True, "panels.logreg_mnist.attacks": ("gs", "gz")},
+     "panels.logreg_mnist.attacks: unknown attack 'gz'; valid names: dlg"),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_parts_check_their_config_before_any_work(tmp_path, module, cfg,
+                                                  overrides, match):
+  config = cfg.get_config("tiny")
+  for path, value in overrides.items():
+    *parents, last = path.split(".")
+    holder = config
+    for name in parents:
+      holder = holder[name]
+    holder[last] = value
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=match):
+    module.run(config, str(workdir))
+  assert not workdir.exists()  # nothing ran
+
+
+def test_every_preset_passes_the_shared_check():
+  from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
+  for cfg in (visual_cfg, certified_cfg, adaptive_cfg, repinfer_cfg,
+              tradeoff_cfg):
+    for preset in ("quick", "medium", "full", "tiny"):
+      harness.check_part_config(cfg.get_config(preset))
+
+
+def test_config_flag_error_names_the_field_or_the_preset():
+  def error(name, *args):
+    default = os.path.join(config_entry.CONFIG_DIR, f"{name}.py")
+    return config_entry.config_flag_error(["prog", *args], default)
+
+  attack = os.path.join(config_entry.CONFIG_DIR, "attack.py")
+  assert error("attack", "--config.num_image=5") == (
+      f"--config.num_image: no such field in the config ({attack}); did you "
+      "mean 'num_images' instead of 'num_image'?")
+  assert "did you mean 'rounds' instead of 'round'" in error(
+      "fedavg", "--config.round=5")
+  assert "did you mean 'iterations'" in error(
+      "visual", "--config.attack_budgets.gs.iteration=3")
+  assert error("visual", "--config.zzz=1").endswith(
+      "its fields: allow_synthetic, attack_budgets, attacks, "
+      "claim_compression_rate, claim_soteria_rate, data_dir, dataset, "
+      "give_labels, image_pool, model, model_init, model_kwargs, num_images, "
+      "seeds, settings, success_ssim, unrecognisable.")
+  preset = os.path.join(config_entry.CONFIG_DIR, "tradeoff.py:foo")
+  for args in ([f"--config={preset}"], ["--config", preset]):
+    assert error("tradeoff", *args) == (
+        f"--config={preset}: unknown preset 'foo'; use 'quick', 'medium', "
+        "'full' or 'tiny'.")
+  # An override checked against the config --config names, not the default.
+  tiny = os.path.join(config_entry.CONFIG_DIR, "tradeoff.py:tiny")
+  assert "did you mean 'num_images'" in error(
+      "tradeoff", f"--config={tiny}", "--config.num_image=0")
+  assert "cannot read the config file" in error("attack", "--config=nope.py")
+  # Fine: known fields, presets, other flags, nothing to check.
+  assert error("attack", "--config.num_images=5", "--noconfig.seed") is None
+  assert error("tradeoff", f"--config={tiny}", "--config.dry_run=True",
+               "--config.panels.logreg_mnist.attacks=('gs',)") is None
+  assert error("attack", "--workdir=/tmp/x", "--", "--config.nope=1") is None
+  assert error("attack") is None
 
 
 def _claims_ok(result):

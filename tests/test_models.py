@@ -15,6 +15,27 @@ def test_lenet_cifar_has_19438_parameters():
   assert models.num_params(model.init(jax.random.key(0))) == 19_438
 
 
+def test_convnet64_cifar_has_2901770_parameters():
+  """Counted by hand from Inverting Gradients' ConvNet (inversefed, width
+  64, batch norm left out): eight 3x3 convolutions (padding 1) with widths
+  w, 2w, 2w, 4w, 4w, 4w, 4w, 4w, a 3x3 max-pool after the sixth and after
+  the eighth, then one linear layer."""
+  w, (h, _, cin) = 64, SHAPES["cifar10"]
+  widths = [w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w, 4 * w, 4 * w]
+  total = 0
+  for cout in widths:
+    total += 3 * 3 * cin * cout + cout  # kernel + bias
+    cin = cout
+  side = h // 3 // 3  # 32 -> 10 -> 3
+  features = side * side * cin
+  assert features == 2304 == 36 * w  # inversefed's Linear(36 * width, 10)
+  total += features * 10 + 10
+  assert total == 2_901_770
+  model = models.get_model("convnet64", (32, 32, 3), 10)
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  assert models.num_params(params) == total
+
+
 @pytest.mark.parametrize("name", models.MODEL_NAMES)
 @pytest.mark.parametrize("dataset", sorted(SHAPES))
 def test_output_and_representation_shapes(name, dataset):

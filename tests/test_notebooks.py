@@ -48,6 +48,32 @@ def test_notebook_is_clean_and_self_describing(path):
   assert "# @param" in code[2].source and "is_tiny()" in code[2].source
 
 
+@pytest.mark.parametrize("model,given,init", [
+    ("lenet", None, "uniform"), ("convnet64", None, "default"),
+    ("lenet5", None, "default"), ("convnet64", "uniform", "uniform"),
+    ("lenet", "auto", "uniform")])
+def test_attack_vs_defense_init_is_dlgs_for_lenet_only(monkeypatch, model,
+                                                       given, init):
+  """DLG's uniform init saturates ConvNet64's / LeNet5's softmax (zero
+  gradient): notebooks 1 and 3 get it only on DLG's LeNet by default."""
+  from repdef_jax.paper import notebook  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  class Stop(Exception):
+    pass
+
+  def get_model(name, *args, init="default", **kwargs):
+    del args, kwargs
+    seen.append((name, init))
+    raise Stop
+
+  monkeypatch.setattr(notebook.models_lib, "get_model", get_model)
+  kwargs = {} if given is None else {"model_init": given}
+  with pytest.raises(Stop):
+    notebook.attack_vs_defense("cifar10", model, "dlg", **kwargs)
+  assert seen == [(model, init)]
+
+
 def _install_cell(cwd, repo_url=None, installed=False):
   """Runs a notebook's first cell with pip and the import check faked."""
   source = nbformat.read(NOTEBOOKS[0], as_version=4).cells[1].source

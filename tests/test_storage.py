@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +15,18 @@ def test_json_round_trip_with_numpy(tmp_path):
   storage.write_json(path, {"a": np.float32(1.5), "b": np.arange(3), "c": np.inf})
   assert storage.read_json(path) == {"a": 1.5, "b": [0, 1, 2], "c": float("inf")}
   assert storage.read_json(str(tmp_path / "missing.json"), {}) == {}
+
+
+@pytest.mark.parametrize("content", [b"{bad", b"", b'{"a": 1', b"\x89PNG"])
+def test_corrupt_json_is_a_value_error_naming_the_file(tmp_path, content):
+  path = tmp_path / "results.json"
+  path.write_bytes(content)
+  with pytest.raises(ValueError, match=f"^{re.escape(str(path))} is not "
+                     "valid JSON .*; repair it or move it aside.$"):
+    storage.read_json(str(path), default={})  # default: a missing file only
+  # A missing file still gives the default (None unless given).
+  assert storage.read_json(str(tmp_path / "missing.json")) is None
+  assert storage.read_json(str(tmp_path / "missing.json"), []) == []
 
 
 def test_failed_write_keeps_old_file_and_leaves_no_temp(tmp_path):

@@ -303,6 +303,7 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) every cell; writes ``adaptive.json`` / ``.png``."""
+  harness.check_part_config(config)
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
   store = harness.CellStore(os.path.join(workdir, "cells"))

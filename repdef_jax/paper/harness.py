@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import re
 import sys
@@ -29,7 +30,9 @@ from repdef_jax import host
 from repdef_jax import metrics as metrics_lib
 from repdef_jax import models as models_lib
 from repdef_jax import storage
+from repdef_jax.attacks import base as attacks_base
 from repdef_jax.attacks import objectives
+from repdef_jax.defenses import soteria as soteria_lib
 
 Params = Any
 
@@ -313,6 +316,77 @@ def defend_and_attack(model: models_lib.Model, params: Params,
   for k, v in info.items():
     m[f"defense/{k}"] = v
   return m, x_rec, shared
+
+
+# --------------------------------------------------------------------------
+# Config checks every paper part shares.
+
+
+def _check_defense(where: str, name: Any, strength: Any) -> None:
+  """Raises a ValueError naming ``where`` unless ``defense(strength)`` is
+  valid: a known name, a percent in [0, 100] for Soteria and compression, a
+  finite scale >= 0 for the DP noise."""
+  if name not in defenses_lib.DEFENSE_NAMES:
+    raise ValueError(f"{where}: unknown defense {name!r}; valid names: "
+                     f"{', '.join(defenses_lib.DEFENSE_NAMES)}.")
+  try:
+    if name in ("soteria", "compression"):
+      soteria_lib.check_percent(strength)
+    elif name in ("dp_gaussian", "dp_laplace"):
+      defenses_lib.get_defense(name, strength)
+  except ValueError as error:
+    raise ValueError(f"{where} ({name}): {error}") from None
+
+
+def check_part_config(config: Any) -> None:
+  """Checks the settings the paper's parts share, before any work.
+
+  ``seeds``: a non-empty sequence of integers. When the config has them:
+  ``num_images`` an integer >= 1; attack names (``attacks``, each panel's
+  ``attacks`` or ``family``, ``update_attack.attacks``) registered in
+  :mod:`repdef_jax.attacks`; defense strengths (``defenses`` and
+  ``update_attack.cells``: defense -> strengths; ``settings``: (defense,
+  strength) pairs; ``rates`` and ``variants``: Soteria percents) valid.
+
+  Args:
+    config: a part's ConfigDict (visual, adaptive, certified, repinfer,
+      tradeoff).
+
+  Raises:
+    ValueError: one line naming the setting and the accepted values.
+  """
+  seeds = tuple(config.seeds) if isinstance(
+      config.get("seeds"), (tuple, list)) else None
+  if not seeds or not all(isinstance(s, numbers.Integral) and
+                          not isinstance(s, bool) for s in seeds):
+    raise ValueError(f"seeds must be a non-empty sequence of integers, e.g. "
+                     f"(0, 1, 2); got {config.get('seeds')!r}.")
+  if "num_images" in config:
+    attacks_base.check_num_images(config.num_images)
+  named = [("attacks", a) for a in config.get("attacks", ())]
+  for name, panel in (config.get("panels") or {}).items():
+    named += [(f"panels.{name}.attacks", a) for a in panel.get("attacks", ())]
+    if "family" in panel:
+      named.append((f"panels.{name}.family", panel.family))
+  update = config.get("update_attack") or {}
+  named += [("update_attack.attacks", a) for a in update.get("attacks", ())]
+  for where, attack in named:
+    if attack not in attacks_lib.ATTACK_NAMES:
+      raise ValueError(f"{where}: unknown attack {attack!r}; valid names: "
+                       f"{', '.join(attacks_lib.ATTACK_NAMES)}.")
+  for key, table in (("defenses", config.get("defenses")),
+                     ("update_attack.cells", update.get("cells"))):
+    if hasattr(table, "items"):  # convergence's 'defenses' is a list
+      for name, strengths in table.items():
+        for s in strengths:
+          _check_defense(key, name, s)
+  for name, strength in config.get("settings", ()):
+    _check_defense("settings", name, strength)
+  rates = [("rates", r) for r in config.get("rates", ())]
+  for variant, values in (config.get("variants") or {}).items():
+    rates += [(f"variants.{variant}", r) for r in values]
+  for where, rate in rates:
+    _check_defense(where, "soteria", rate)
 
 
 # --------------------------------------------------------------------------

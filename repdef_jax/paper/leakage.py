@@ -519,6 +519,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     ``{'experiment', 'config', 'inference', 'reconstruction', 'claims',
     'pixel_space', 'seconds'}``.
   """
+  harness.check_part_config(config)
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
   store = harness.CellStore(os.path.join(workdir, "cells"))

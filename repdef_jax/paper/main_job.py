@@ -1,14 +1,17 @@
 """The main job: attack real images with and without a defense.
 
 For each of ``num_images`` test images (or the user's own, ``images=PATH``)
-it attacks the one-image gradient at a fixed random initialisation twice, as
-shared without the defense and after it, and writes ``results.json`` (schema
-in ``docs/main_job.md``), one ``recon_<index>.npz`` per image and
-``reconstructions.png``. Images come from :func:`repdef_jax.data.load` with
-the embedded sample as the last resort; ``results.json`` records which source.
-Resumable: a rerun with the same config skips finished images; another config
-or data source in the same workdir is refused. Metrics are in [0, 1] pixel
-space (:mod:`repdef_jax.metrics`).
+it attacks the one-image gradient at a fixed random initialisation (by
+default DLG's U(-0.5, 0.5) for DLG's LeNet, flax's for the other models:
+:func:`resolve_init`) twice, as shared without the defense and after it,
+and writes ``results.json`` (schema in ``docs/main_job.md``), one
+``recon_<index>.npz`` per image and ``reconstructions.png``; an image whose
+true gradient is all zeros or not finite gets an ``error`` entry instead.
+Images come from :func:`repdef_jax.data.load` with the embedded sample as
+the last resort; ``results.json`` records which source. Resumable: a rerun
+with the same config skips finished images; another config or data source
+in the same workdir is refused. Metrics are in [0, 1] pixel space
+(:mod:`repdef_jax.metrics`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from repdef_jax import defenses
 from repdef_jax import metrics
 from repdef_jax import models
 from repdef_jax import storage
+from repdef_jax.attacks import base as attacks_base
 from repdef_jax.paper import harness
 
 DATASETS = ("mnist", "cifar10")
@@ -40,11 +44,19 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 RESULT_FILE = "results.json"
 PLOT_FILE = "reconstructions.png"
 
+# DLG's U(-0.5, 0.5) initialisation is right for DLG's LeNet only: on the
+# other models it saturates the softmax (ConvNet64's logits ~1e7, LeNet5's
+# ~1e2), and the gradient of an image at the label the model predicts is then
+# exactly 0 (ConvNet64; tests/test_attack_main.py). 'auto' (the default)
+# resolves per model (:func:`resolve_init`).
+UNIFORM_INIT_MODELS = ("lenet",)
+AUTO_INIT = "auto"
+
 DEFAULT_CONFIG = {
     "dataset": "cifar10",
     "split": "test",
     "model": "lenet",
-    "init": "uniform",
+    "init": AUTO_INIT,
     "attack": "dlg",
     "defense": "soteria",
     "strength": 60.0,
@@ -64,6 +76,59 @@ _KEPT = ("mse", "mse_clamped", "psnr", "ssim", "seconds", "diverged",
          "final_loss", "iterations")
 
 
+def resolve_init(init: str | None, model: str) -> str:
+  """The init scheme of ``model``: 'auto' (or None) is 'uniform' (DLG's
+  U(-0.5, 0.5)) for DLG's LeNet ('lenet') and 'default' (flax's) otherwise.
+
+  Args:
+    init: 'auto', None or one of :data:`repdef_jax.models.INITS`.
+    model: a name in :data:`repdef_jax.models.MODEL_NAMES`.
+
+  Returns:
+    A name in :data:`repdef_jax.models.INITS`.
+
+  Raises:
+    ValueError: any other ``init``.
+  """
+  if init is None or init == AUTO_INIT:
+    return "uniform" if model in UNIFORM_INIT_MODELS else "default"
+  if init not in models.INITS:
+    raise ValueError(f"init must be one of {AUTO_INIT}, "
+                     f"{', '.join(models.INITS)}; got {init!r}.")
+  return init
+
+
+def _attack_fits(attack: str, model: models.Model, ones: Any) -> bool:
+  """Whether ``attack``'s gradient view leaves ``model`` an entry to match."""
+  try:
+    attacks_base.check_view_keeps_entries(
+        model, ones, attacks.get_attack(attack).make_config().view)
+  except ValueError:
+    return False
+  return True
+
+
+def _check_attack_fits_model(config: dict, model: models.Model) -> None:
+  """Raises a ValueError when the attack's gradient view drops every
+  parameter of the model (``dlg_drop`` / ``gs_drop`` on ``logreg``).
+
+  The check runs on an all-ones gradient: a drop view depends on the model
+  alone; a mask view depends on the defended gradient and is checked per
+  image by the attack.
+  """
+  if attacks.get_attack(config["attack"]).make_config().view.is_plain:
+    return
+  ones = jax.tree_util.tree_map(lambda s: jnp.ones(s.shape, s.dtype),
+                                jax.eval_shape(model.init, jax.random.key(0)))
+  if not _attack_fits(config["attack"], model, ones):
+    fits = [a for a in attacks.ATTACK_NAMES if _attack_fits(a, model, ones)]
+    raise ValueError(
+        f"attack {config['attack']!r} leaves no gradient entry of model "
+        f"{config['model']!r} to match (its view drops the defended layer, "
+        f"the model's only one); valid attacks for this model: "
+        f"{', '.join(fits)}.")
+
+
 def validate_config(config: Any) -> dict:
   """Fills defaults and checks names and the defense; loads no data.
 
@@ -71,11 +136,12 @@ def validate_config(config: Any) -> dict:
     config: a dict or ConfigDict of overrides of :data:`DEFAULT_CONFIG`.
 
   Returns:
-    The complete config as a dict.
+    The complete config as a dict; ``init`` resolved (:func:`resolve_init`).
 
   Raises:
-    ValueError: unknown keys or names (lists the valid ones), counts < 1, or
-      a defense strength the defense rejects (e.g. Soteria's percent).
+    ValueError: unknown keys or names (lists the valid ones), counts < 1, a
+      defense strength the defense rejects (e.g. Soteria's percent), or an
+      attack whose gradient view leaves the model nothing to match.
   """
   config = dict(config.to_dict() if hasattr(config, "to_dict") else config)
   unknown = set(config) - set(DEFAULT_CONFIG)
@@ -93,9 +159,11 @@ def validate_config(config: Any) -> dict:
   if config["model"] not in models.MODEL_NAMES:
     raise ValueError(f"Unknown model {config['model']!r}; valid names: "
                      f"{', '.join(models.MODEL_NAMES)}.")
+  config["init"] = resolve_init(config["init"], config["model"])
   # Build the defense once (cheap, no data) so a bad strength is reported
   # before a missing data directory.
-  _build(config)
+  model, _ = _build(config)
+  _check_attack_fits_model(config, model)
   if int(config["num_images"]) < 1:
     raise ValueError("num_images must be >= 1.")
   if config["iterations"] is not None and int(config["iterations"]) < 1:
@@ -153,9 +221,16 @@ def attack_image(model: models.Model, params: Any, attack: str,
   Returns:
     ``(undefended, defended, x_undefended, x_defended)``: metric dicts and
     reconstructions ``[H, W, C]``.
+
+  Raises:
+    ValueError: the image's true gradient is all zeros or not finite
+      (:func:`true_gradient_problem`); nothing is attacked.
   """
   grads, shared, info = harness.defend(model, params, defense, x, y,
                                        key_defense)
+  problem = true_gradient_problem(grads)
+  if problem:
+    raise ValueError(problem)
   overrides = {"progress_every": every} if every else {}
   if attacks.get_attack(attack).config_cls is attacks.DLGConfig:
     overrides["optimizer"] = dlg_optimizer
@@ -177,6 +252,24 @@ def attack_image(model: models.Model, params: Any, attack: str,
   out[1]["pruned_fraction_effective"] = info.get(
       "effective_pruned_fraction", float(np.mean(zero_a & ~zero_b)))
   return out[0], out[1], recs[0], recs[1]
+
+
+def true_gradient_problem(grads: Any) -> str | None:
+  """Why an image's true gradient leaves nothing to attack, or None.
+
+  An all-zero gradient (a softmax saturated at the image's label, e.g. DLG's
+  uniform init on a model other than 'lenet') or a non-finite one would
+  give a meaningless row; the main job records an error entry instead.
+  """
+  leaves = [np.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
+  if not all(np.all(np.isfinite(g)) for g in leaves):
+    return ("the image's true gradient holds NaN or inf (an overflow in the "
+            "model at this init); nothing to attack.")
+  if not any(np.any(g != 0) for g in leaves):
+    return ("the image's true gradient is all zeros (the softmax is "
+            "saturated at the image's label, e.g. init 'uniform' on a model "
+            "other than 'lenet'); nothing to attack.")
+  return None
 
 
 def _recon_path(workdir: str, idx: int) -> str:
@@ -363,8 +456,9 @@ def run(config: Any, workdir: str, verbose: bool = True) -> dict:
   Raises:
     ValueError: bad config (lists valid names), bad own images, or a workdir
       holding results of a different config or data source. An image whose
-      attack raises ValueError or FloatingPointError is recorded as an
-      ``error`` entry instead.
+      attack raises ValueError or FloatingPointError, or whose true
+      gradient is all zeros or not finite, is recorded as an ``error``
+      entry instead.
     repdef_jax.data.DataNotFoundError: no data at all (not even the
       embedded sample, e.g. a broken installation).
   """

@@ -27,6 +27,7 @@ import ml_collections
 from repdef_jax import data as data_lib
 from repdef_jax import defenses as defenses_lib
 from repdef_jax.paper import harness
+from repdef_jax.paper import main_job
 from repdef_jax import models as models_lib
 from repdef_jax.paper import settings
 
@@ -59,7 +60,7 @@ def attack_vs_defense(dataset: str = "cifar10", model_name: str = "lenet",
                           ("none", 0.0), ("soteria", 60.0),
                           ("compression", 80.0)),
                       *, iterations: int = 300, seed: int = 0,
-                      model_init: str = "uniform",
+                      model_init: str | None = None,
                       defense_kwargs: dict[str, dict] | None = None,
                       ) -> dict[str, Any]:
   """Attacks one image's gradient under each (defense, strength) setting.
@@ -73,15 +74,19 @@ def attack_vs_defense(dataset: str = "cifar10", model_name: str = "lenet",
       ``'soteria:<q>'`` to use a registered perturbation ``q``.
     iterations: attack iterations (DLG: outer steps).
     seed: seed of parameters and attack.
-    model_init: 'uniform' (DLG) or 'default'.
+    model_init: 'uniform' (DLG's U(-0.5, 0.5)), 'default' (flax's), or
+      None / 'auto': 'uniform' for DLG's LeNet ('lenet'), 'default' for the
+      other models (DLG's init saturates their softmax and zeroes the
+      gradient; :func:`repdef_jax.paper.main_job.resolve_init`).
     defense_kwargs: extra factory kwargs per setting label.
 
   Returns:
     ``{'image', 'label', 'source', 'rows': [(label, x_rec, metrics)]}``.
   """
   info = data_lib.get_info(dataset)
-  model = models_lib.get_model(model_name, info.image_shape,
-                               info.num_classes, init=model_init)
+  model = models_lib.get_model(
+      model_name, info.image_shape, info.num_classes,
+      init=main_job.resolve_init(model_init, model_name))
   keys = harness.sweep_keys(seed)
   params = model.init(keys.init)
   x, y, source = harness.load_images(dataset, 1, seed=seed)

@@ -230,6 +230,7 @@ def tables(panels: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs every (panel, seed, rate); writes ``certified.json`` / ``.png``."""
+  harness.check_part_config(config)
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
   store = harness.CellStore(os.path.join(workdir, "cells"))

@@ -603,6 +603,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   With ``config.dry_run`` it only prints the plan and its estimated cost.
   """
+  harness.check_part_config(config)
   if config.get("dry_run"):
     return dry_run(config, workdir)
   start = time.perf_counter()

@@ -173,6 +173,7 @@ def table(config: ml_collections.ConfigDict,
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs every (seed, setting); writes ``visual.json`` and the grid."""
+  harness.check_part_config(config)
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
   cell_dir = os.path.join(workdir, "cells")
