@@ -158,7 +158,9 @@ def render(results: dict[str, dict | None], *, workdir: str,
            "(arXiv 2012.06043). Every number below was measured by this run "
            "and is rendered from the parts' JSON; the column *paper* quotes "
            "the paper. Statistics, intervals and verdict rules: "
-           "docs/evaluation.md (fixed before the run).", ""]
+           "docs/evaluation.md (fixed before the run; the interval rule was "
+           "revised on 2026-12-05 for a statistical reason, and each part "
+           "says which rule its intervals follow).", ""]
   lines += ["## Verdicts", ""] + claims_table(all_claims(results),
                                               with_statistic=False)
   rows = []
