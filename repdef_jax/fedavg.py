@@ -195,13 +195,8 @@ class FedAvgConfig:
       raise ValueError(f"client_chunk must be >= 0, or -1 (auto), got "
                        f"{self.client_chunk}.")
     if not callable(self.client_lr):
-      try:
-        lr = float(self.client_lr)
-      except (TypeError, ValueError):
-        lr = float("nan")
-      if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"client_lr must be a finite number > 0 or a "
-                         f"schedule (callable), got {self.client_lr!r}.")
+      check_rate(self.client_lr, "client_lr",
+                 "a finite number > 0 or a schedule (callable)")
 
   @property
   def server_opt(self) -> optax.GradientTransformation:
@@ -252,6 +247,17 @@ def default_probs(data: ClientArrays) -> jax.Array:
   """The paper's p_k = n_k / n."""
   n = client_sizes(data).astype(jnp.float32)
   return n / jnp.maximum(jnp.sum(n), 1.0)
+
+
+def check_rate(value: Any, name: str, accepted: str) -> None:
+  """Raises ``ValueError('<name> must be <accepted>, got ...')`` unless
+  ``value`` is a finite number > 0 (a client or server learning rate)."""
+  try:
+    v = float(value)
+  except (TypeError, ValueError):
+    v = float("nan")
+  if not (math.isfinite(v) and v > 0):
+    raise ValueError(f"{name} must be {accepted}, got {value!r}.")
 
 
 def make_eval_data(x: Any, y: Any, batch_size: int = 1000) -> EvalData:

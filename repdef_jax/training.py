@@ -44,7 +44,6 @@ import concurrent.futures
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 from typing import Any, Optional
@@ -204,13 +203,8 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
                      f"lines), got {config.log_every}.")
   if config.eval_batch < 1:
     raise ValueError(f"eval_batch must be >= 1, got {config.eval_batch}.")
-  try:
-    server_lr = float(config.server_lr)
-  except (TypeError, ValueError):
-    server_lr = float("nan")
-  if not (math.isfinite(server_lr) and server_lr > 0):
-    raise ValueError(f"server_lr must be a finite number > 0 (1.0 = plain "
-                     f"FedAvg), got {config.server_lr!r}.")
+  fedavg.check_rate(config.server_lr, "server_lr",
+                    "a finite number > 0 (1.0 = plain FedAvg)")
 
 
 def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:

@@ -101,7 +101,12 @@ def check_num_images(num_images: Any) -> int:
 def check_int(config: Any, name: str, low: int) -> None:
   """Raises a ValueError naming ``name`` unless ``config.<name>`` is an
   integer (not a bool) >= ``low``."""
-  v = getattr(config, name)
+  check_int_value(getattr(config, name), name, low)
+
+
+def check_int_value(v: Any, name: str, low: int) -> None:
+  """Raises a ValueError naming ``name`` unless ``v`` is an integer (not a
+  bool) >= ``low``."""
   if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
     raise ValueError(f"{name} must be an integer >= {low}; got {v!r}.")
 

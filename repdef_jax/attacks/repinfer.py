@@ -48,7 +48,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import functools
-import numbers
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -59,6 +58,7 @@ import optax
 
 from repdef_jax import gradients as gradients_lib
 from repdef_jax import models as models_lib
+from repdef_jax.attacks import base as attacks_base
 
 Params = Any
 
@@ -360,8 +360,7 @@ def infer_all_representations(model: models_lib.Model, update_tree: Params,
   gradients_lib.check_grads_match(
       jax.eval_shape(model.init, jax.random.key(0)), update_tree,
       "update_tree")
-  if isinstance(M, bool) or not isinstance(M, numbers.Integral) or M < 1:
-    raise ValueError(f"M must be an integer >= 1; got {M!r}.")
+  attacks_base.check_int_value(M, "M", 1)
   layers = model.fc_layers
   head = update_tree[layers[-1]]
   mask = infer_classes(head, threshold=threshold, k=num_classes_hint,
@@ -467,7 +466,8 @@ def _check_objective(model: models_lib.Model, params: Params, target: Any,
 
 
 def make_objective(model: models_lib.Model, params: Params, target: Any,
-                   label: jax.Array | None, objective: str):
+                   label: jax.Array | None, objective: str,
+                   batch: int | None = None):
   """The loss of one image ``x [H, W, C]`` (or a batch ``[B, H, W, C]``).
 
   Args:
@@ -484,6 +484,8 @@ def make_objective(model: models_lib.Model, params: Params, target: Any,
       ``'representation'``: ``||features(x) - target||^2``;
       ``'gradient'``: DLG, summed squared L2 distance over every tensor;
       ``'conv_gradient'``: the same over the convolutional layers only.
+    batch: the number of images ``x`` will hold, when known: the label and
+      the representation must then have that leading size.
 
   Returns:
     ``loss(x) -> scalar``.
@@ -494,7 +496,7 @@ def make_objective(model: models_lib.Model, params: Params, target: Any,
       is not the model's feature size, or a gradient tree that does not
       match the parameters (for ``'conv_gradient'``: their conv sub-trees).
   """
-  _check_objective(model, params, target, label, objective)
+  _check_objective(model, params, target, label, objective, batch)
 
   def as_batch(x):
     return x.reshape((-1, *model.input_shape))
@@ -572,12 +574,10 @@ def reconstruct(model: models_lib.Model, params: Params, target: Any,
   if x_shape[-3:] != tuple(model.input_shape) or len(x_shape) not in (3, 4):
     raise ValueError(f"x_shape {x_shape} does not fit model {model.name!r} "
                      f"(input shape {model.input_shape}, or a batch of it).")
-  for name, v in (("steps", steps), ("memory_size", memory_size)):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-      raise ValueError(f"{name} must be an integer >= 1; got {v!r}.")
-  _check_objective(model, params, target, label, objective,
-                   batch=x_shape[0] if len(x_shape) == 4 else 1)
-  obj = make_objective(model, params, target, label, objective)
+  attacks_base.check_int_value(steps, "steps", 1)
+  attacks_base.check_int_value(memory_size, "memory_size", 1)
+  obj = make_objective(model, params, target, label, objective,
+                       batch=x_shape[0] if len(x_shape) == 4 else 1)
   fn = lambda z: obj(jax.nn.sigmoid(z))
   opt = optax.lbfgs(memory_size=memory_size)
   value_and_grad = optax.value_and_grad_from_state(fn)

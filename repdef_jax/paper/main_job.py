@@ -29,6 +29,7 @@ import numpy as np
 from repdef_jax import attacks
 from repdef_jax import data
 from repdef_jax import defenses
+from repdef_jax import gradients
 from repdef_jax import metrics
 from repdef_jax import models
 from repdef_jax import storage
@@ -261,11 +262,12 @@ def true_gradient_problem(grads: Any) -> str | None:
   uniform init on a model other than 'lenet') or a non-finite one would
   give a meaningless row; the main job records an error entry instead.
   """
-  leaves = [np.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
-  if not all(np.all(np.isfinite(g)) for g in leaves):
-    return ("the image's true gradient holds NaN or inf (an overflow in the "
-            "model at this init); nothing to attack.")
-  if not any(np.any(g != 0) for g in leaves):
+  try:
+    gradients.check_finite(grads, "the image's true gradient")
+  except ValueError as error:
+    return f"{error} Nothing to attack (an overflow in the model)."
+  if not any(np.any(np.asarray(g) != 0)
+             for g in jax.tree_util.tree_leaves(grads)):
     return ("the image's true gradient is all zeros (the softmax is "
             "saturated at the image's label, e.g. init 'uniform' on a model "
             "other than 'lenet'); nothing to attack.")
