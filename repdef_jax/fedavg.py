@@ -147,9 +147,10 @@ class FedAvgConfig:
     l2: coefficient of ``l2 / 2 * ||w||^2`` added to every client's loss.
     defense: a :class:`repdef_jax.defenses.base.Defense` or None.
     defense_at: 'step' (every local gradient; the paper) or 'update'.
-    weighting: 'size' (delta weights proportional to n_k) or 'uniform' (1/K;
-      with sampling with replacement by p_k this is the paper's unbiased
-      scheme). Clients without data always get weight 0.
+    weighting: 'size' (delta weights proportional to n_k; clients sampled
+      uniformly by default) or 'uniform' (1/K; clients sampled by p_k =
+      n_k / n by default, the paper's unbiased scheme). Clients without data
+      always get weight 0. See :func:`default_probs`.
     replace: sample clients with replacement (the paper) or without.
     server_optimizer: optax transformation applied to minus the averaged
       delta; None means ``optax.sgd(1.0)`` (plain FedAvg).
@@ -243,9 +244,17 @@ def client_sizes(data: ClientArrays) -> jax.Array:
   return jnp.sum(data.mask > 0, axis=1).astype(jnp.int32)
 
 
-def default_probs(data: ClientArrays) -> jax.Array:
-  """The paper's p_k = n_k / n."""
+def default_probs(data: ClientArrays, weighting: str = "uniform") -> jax.Array:
+  """Sampling probabilities that make ``weighting`` an unbiased average.
+
+  'uniform' (weights 1/K): the paper's p_k = n_k / n (Li et al. 2020,
+  scheme I). 'size' (weights n_k / sum of the sampled n_k): every client
+  with data equally likely, as McMahan et al. 2017 sample; with p_k = n_k / n
+  a client would count in proportion to n_k^2.
+  """
   n = client_sizes(data).astype(jnp.float32)
+  if weighting == "size":
+    n = (n > 0).astype(jnp.float32)
   return n / jnp.maximum(jnp.sum(n), 1.0)
 
 
@@ -570,7 +579,7 @@ def make_round(model: models_lib.Model,
     data = ClientArrays(*data)
     sizes_all = client_sizes(data)
     if client_ids is None:
-      p = default_probs(data) if probs is None else probs
+      p = default_probs(data, config.weighting) if probs is None else probs
       ids = sample_clients(jax.random.fold_in(keys.sampling, state.round), p, k,
                            config.replace)
     else:

@@ -167,7 +167,9 @@ def match_images(x_rec: Any, x_true: Any) -> np.ndarray:
 
 
 def representation_correlation(r_est: Any, r_true: Any) -> float:
-  """Pearson correlation of two flattened representations (nan if constant).
+  """Pearson correlation of two flattened representations (0 if constant).
+
+  Host-side twin of :func:`repdef_jax.attacks.repinfer.pearson`, in float64.
 
   Raises:
     ValueError: ``r_est`` and ``r_true`` differ in size.
@@ -180,7 +182,7 @@ def representation_correlation(r_est: Any, r_true: Any) -> float:
                      f"{np.shape(r_true)}) must have the same size.")
   a, b = a - a.mean(), b - b.mean()
   den = np.sqrt(np.sum(a * a) * np.sum(b * b))
-  return float(np.sum(a * b) / den) if den > 0 else float("nan")
+  return 0.0 if den == 0 else float(np.sum(a * b) / den)  # NaN stays NaN.
 
 
 def reconstruction_metrics(x_rec: Any, x_true: Any, *,

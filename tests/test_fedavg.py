@@ -222,6 +222,34 @@ def test_attack_hook_returns_what_the_server_receives(model):
   assert _max_diff(got, delta) < 1e-7
 
 
+@pytest.mark.parametrize("weighting,replace,tol", [("uniform", True, 0.05),
+                                                   ("size", False, 0.25)])
+def test_default_sampling_makes_weighting_near_unbiased(weighting, replace,
+                                                        tol):
+  """Over 20,000 sampled rounds with the default probabilities, each client's
+  mean aggregation weight is n_k / n: exactly in expectation for 'uniform'
+  (sampling by n_k), up to the ratio estimator's bias for 'size' (uniform
+  sampling). Sampling by n_k under 'size' would give client 3 (3 of 46
+  examples) 0.03 instead of 0.065."""
+  data = _data()
+  config = fedavg.FedAvgConfig(clients_per_round=3, weighting=weighting,
+                               replace=replace)
+  sizes = fedavg.client_sizes(data)
+  probs = fedavg.default_probs(data, weighting)
+
+  def one(key):
+    ids = fedavg.sample_clients(key, probs, 3, replace)
+    w = fedavg._aggregation_weights(config, sizes[ids], jnp.ones(3, bool))
+    return jnp.zeros(N).at[ids].add(w)
+
+  mean = np.asarray(jax.vmap(one)(jax.random.split(jax.random.key(0),
+                                                   20_000)).mean(0))
+  target = np.asarray(sizes) / np.sum(np.asarray(sizes))
+  assert mean[4] == 0.0  # Client 4 holds no example.
+  real = target > 0
+  np.testing.assert_allclose(mean[real], target[real], rtol=tol)
+
+
 @pytest.mark.parametrize("weighting", ["uniform", "size"])
 def test_aggregation_weights_by_hand(logreg, weighting):
   """Clients 0, 0 and 3 (12, 12 and 3 examples): uniform gives 1/3 each,

@@ -82,6 +82,10 @@ def test_pearson():
   np.testing.assert_allclose(repinfer.pearson(a, 3 * a + 1), 1.0, rtol=1e-5)
   np.testing.assert_allclose(repinfer.pearson(a, -2 * a), -1.0, rtol=1e-5)
   assert float(repinfer.pearson(a, np.zeros(50))) == 0.0
+  # Scale-free: tiny representations (float32 squares underflow) still
+  # correlate; a NaN input is not hidden as 0.
+  np.testing.assert_allclose(repinfer.pearson(1e-25 * a, a), 1.0, rtol=1e-5)
+  assert np.isnan(float(repinfer.pearson(np.r_[a[:-1], np.nan], a)))
 
 
 def test_pearson_matches_metrics_module():
@@ -91,6 +95,9 @@ def test_pearson_matches_metrics_module():
   np.testing.assert_allclose(repinfer.pearson(a, b),
                              metrics.representation_correlation(a, b),
                              rtol=1e-5)
+  for c in (np.full(84, 3.0), np.r_[a[:-1], np.nan]):  # Same conventions.
+    np.testing.assert_equal(float(repinfer.pearson(c, b)),
+                            metrics.representation_correlation(c, b))
 
 
 def test_fc_inputs_head_is_features(client):

@@ -89,25 +89,33 @@ def _sign_nonneg(v: jax.Array, axis: int | None = None) -> jax.Array:
   return jnp.where(jnp.sum(v, axis=axis) >= 0, 1.0, -1.0).astype(v.dtype)
 
 
-def pearson(a: jax.Array, b: jax.Array, eps: float = 1e-12) -> jax.Array:
+def pearson(a: jax.Array, b: jax.Array) -> jax.Array:
   """Pearson correlation of two arrays, flattened.
 
   The paper's measure of representation leakage (Section 3). For a batch of
-  pairs use ``jax.vmap(pearson)``.
+  pairs use ``jax.vmap(pearson)``. A constant input carries no linear
+  information about the other: its correlation is 0 (not NaN, which would
+  poison a mean over images), as in
+  :func:`repdef_jax.metrics.representation_correlation`.
 
   Args:
     a: any shape.
     b: same number of elements as ``a``.
-    eps: guards against a constant input (the correlation is then 0).
 
   Returns:
     Scalar in ``[-1, 1]``.
   """
   a = jnp.ravel(a).astype(jnp.float32)
   b = jnp.ravel(b).astype(jnp.float32)
-  a = a - jnp.mean(a)
-  b = b - jnp.mean(b)
-  return jnp.sum(a * b) / (jnp.sqrt(jnp.sum(a * a) * jnp.sum(b * b)) + eps)
+  def centred(v):  # Scaled to max |v| = 1: no float32 underflow below.
+    v = v - jnp.mean(v)
+    top = jnp.max(jnp.abs(v))
+    return v / jnp.where(top == 0, 1.0, top)
+
+  a, b = centred(a), centred(b)
+  den = jnp.sqrt(jnp.sum(a * a) * jnp.sum(b * b))
+  # NaN inputs stay NaN (den == 0 is False for NaN).
+  return jnp.where(den == 0, 0.0, jnp.sum(a * b) / jnp.where(den == 0, 1.0, den))
 
 
 def fc_inputs(model: models_lib.Model, params: Params,
