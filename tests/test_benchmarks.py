@@ -9,6 +9,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 
 from experiments.benchmarks import driver
@@ -45,8 +46,10 @@ def test_quick_driver_rows_and_ratios(quick_report):
   rows = report["rows"]
   s = driver.SETTINGS["quick"]
   fedavg = "fedavg" in report["settings"]["parts"]
-  assert len(rows) == len(s["mask_batches"]) + fedavg * (
-      len(s["plain_batches"]) + len(s["defended_batches"]) + 1)
+  # Mask and defended-round workloads have a row per PyTorch peer (the
+  # reference loop, the torch.func-vectorized mask).
+  assert len(rows) == 2 * len(s["mask_batches"]) + fedavg * (
+      len(s["plain_batches"]) + 2 * len(s["defended_batches"]) + 1)
   peak = report["machine"]["peak"]["gflops"]
   for r in rows:
     assert set(r) == ROW_KEYS, r["benchmark"]
@@ -56,7 +59,11 @@ def test_quick_driver_rows_and_ratios(quick_report):
     assert math.isclose(r["ours_peak_fraction"], r["ours_gflops"] / peak,
                         rel_tol=1e-9)
     if HAS_TORCH:
-      assert r["peer"].startswith("torch 2 threads")
+      vectorized = "vectorized PyTorch" in r["benchmark"]
+      assert r["peer"] == ("torch.func vmap, 2 threads" if vectorized
+                           else "torch 2 threads")
+      if vectorized:  # Targets are against the reference loop only.
+        assert r["target"] is None and r["met"] is None
       assert math.isclose(r["ratio"], r["peer_s"] / r["ours_s"],
                           rel_tol=1e-9)
       if r["target"] is not None:
@@ -257,6 +264,57 @@ def test_peers_run_where_ours_runs():
   assert torch_peers.device() == want
   assert str(torch_peers.labels([1, 2]).device).startswith(want)
   assert torch_peers.labels([1, 2]).dtype == __import__("torch").int64
+
+
+def _small_lenet(batch):
+  """A LeNet on 8x8x3 images (48 features), its torch copy and a batch."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from repdef_jax import models  # pylint: disable=g-import-not-at-top
+  model = models.get_model("lenet", (8, 8, 3), 10)
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (batch, 8, 8, 3))
+  return model, params, x
+
+
+@pytest.mark.parametrize("percent", [60.0, 50.0])
+def test_vectorized_soteria_mask_equals_the_reference_loop(percent):
+  """torch.func-vectorized scores in feature chunks (a chunk that does not
+  divide F included) give the reference loop's mask and scores."""
+  if not HAS_TORCH:
+    pytest.skip("torch not installed")
+  model, params, x = _small_lenet(6)
+  net = torch_peers.torch_model(model, params)
+  xt = torch_peers.nchw(x)
+  keep, scores = torch_peers.soteria_mask(net, xt, percent, model.score_eps)
+  assert scores.shape == (model.num_features,) and 0 < keep.sum() < len(keep)
+  for chunk in (None, 7):  # vmap_chunk(6) = 256 > F = 48; 7 splits F.
+    keep_v, scores_v = torch_peers.soteria_mask_vectorized(
+        net, xt, percent, model.score_eps, chunk=chunk)
+    assert np.array_equal(keep_v, keep), chunk
+    np.testing.assert_allclose(scores_v, scores, rtol=1e-5, atol=0)
+  with pytest.raises(ValueError, match="mask_impl"):
+    torch_peers.mask_fn("unrolled")
+
+
+def test_defended_round_is_the_same_with_either_torch_mask():
+  if not HAS_TORCH:
+    pytest.skip("torch not installed")
+  model, params, _ = _small_lenet(1)
+  rng = np.random.default_rng(0)
+  clients = [(torch_peers.nchw(rng.random((8, 8, 8, 3))),
+              torch_peers.labels(rng.integers(0, 10, 8))) for _ in range(2)]
+  before = torch_peers.torch_model(model, params).state_dict()
+  after = {}
+  for impl in torch_peers.MASK_IMPLS:
+    net = torch_peers.torch_model(model, params)
+    torch_peers.fedavg_round(net, clients, 4, 0.5, defense_percent=60.0,
+                             eps=model.score_eps, mask_impl=impl)
+    after[impl] = {k: v.cpu().numpy() for k, v in net.state_dict().items()}
+  assert not np.allclose(after["loop"]["head.weight"],
+                         before["head.weight"].cpu().numpy())  # It trained.
+  for k, v in after["loop"].items():
+    np.testing.assert_allclose(after["vectorized"][k], v, rtol=1e-5,
+                               atol=1e-7, err_msg=k)
 
 
 @pytest.mark.slow

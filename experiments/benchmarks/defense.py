@@ -2,7 +2,9 @@
 
 ``soteria(model, percent)`` applied to a batch gradient (LeNet, CIFAR-10
 shapes, batch 1 / 10 / 50), against the reference per-feature backward loop
-in PyTorch (:func:`experiments.benchmarks.torch_peers.soteria_mask`); the
+in PyTorch (:func:`experiments.benchmarks.torch_peers.soteria_mask`) and
+against the same computation vectorized with ``torch.func``
+(:func:`~experiments.benchmarks.torch_peers.soteria_mask_vectorized`); each
 row also says whether both masks are identical.
 """
 
@@ -49,24 +51,30 @@ def build_mask(model_name: str = "lenet",
                       {"model": model, "percent": percent})
 
 
-def torch_mask(bench: timing.Bench):
+def torch_mask(bench: timing.Bench, mask_impl: str = "loop"):
   """The PyTorch peer of :func:`build_mask` and a check of equal masks.
 
+  Args:
+    bench: :func:`build_mask`'s benchmark.
+    mask_impl: 'loop' (the reference per-feature loop) or 'vectorized'
+      (``torch.func.vmap`` over the pullback, in feature chunks).
+
   Returns:
-    ``(callable, masks_equal)``: the reference loop on the same model,
-    parameters and images, and whether its keep-mask equals ours (rows of
-    the kernel gradient that are exactly zero are read as pruned on both
-    sides; a row that is zero before masking counts as pruned on both).
+    ``(callable, masks_equal)``: that peer on the same model, parameters
+    and images, and whether its keep-mask equals ours (rows of the kernel
+    gradient that are exactly zero are read as pruned on both sides; a row
+    that is zero before masking counts as pruned on both).
   """
   from experiments.benchmarks import torch_peers  # pylint: disable=g-import-not-at-top
+  mask = torch_peers.mask_fn(mask_impl)
   params, x, y, grads = bench.args
   model, percent = bench.meta["model"], bench.meta["percent"]
   net = torch_peers.torch_model(model, params)
   xt = torch_peers.nchw(x)
-  keep_t, _ = torch_peers.soteria_mask(net, xt, percent, model.score_eps)
+  keep_t, _ = mask(net, xt, percent, model.score_eps)
   _, keep = bench.fn(*bench.args)
   nonzero = np.asarray(jnp.any(
       models.defended_params(model, grads)["kernel"] != 0, axis=1))
   equal = bool(np.array_equal(np.asarray(keep), (keep_t > 0) & nonzero))
-  return torch_peers.synced(lambda: torch_peers.soteria_mask(
-      net, xt, percent, model.score_eps)), equal
+  return torch_peers.synced(lambda: mask(net, xt, percent,
+                                         model.score_eps)), equal

@@ -122,6 +122,14 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
   on = torch_peers.device() if has_torch else None
   tname = (("torch cuda" if on == "cuda" else f"torch {threads} threads")
            if has_torch else "torch")
+  # The second Soteria peer: the reference computation vectorized with
+  # torch.func (torch_peers.soteria_mask_vectorized); its rows have no
+  # target (the targets are against the reference loop).
+  vname = (("torch.func vmap, cuda" if on == "cuda"
+            else f"torch.func vmap, {threads} threads")
+           if has_torch else "torch.func vmap")
+  vnote = lambda b: ("peer's mask: torch.func.vmap of the vjp, "
+                     f"{torch_peers.vmap_chunk(b)} features a chunk")
   load_before = list(os.getloadavg())
   peak_info = timing.peak()
   if jax.default_backend() == "cpu" and not quick:
@@ -166,6 +174,16 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
       add(_row("fedavg", "defended round (Soteria 60 % every step)",
                f"LeNet {sname}, {bench.note}", ours, tname, peer, 3.0,
                bench.flops, peak, note))
+      # The same round against the vectorized mask (ours timed again,
+      # interleaved with it; without torch the row reuses ours).
+      if has_torch:
+        ours, peer, note = _pair(
+            bench, lambda: fedavg.torch_round(bench, "vectorized"), reps,
+            warmup=False)
+      add(_row("fedavg", "defended round (Soteria 60 % every step) vs "
+               "vectorized PyTorch",
+               f"LeNet {sname}, {bench.note}", ours, vname, peer, None,
+               bench.flops, peak, note or vnote(bench.meta["batch"])))
     # On CPU clients run one after another, so a round of 2 clients scales
     # linearly; a GPU runs them all at once: time every client there.
     paper_kw = (s["paper"] if jax.default_backend() == "cpu" else
@@ -207,6 +225,22 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
       add(_row("defense", "Soteria mask (reference score)",
                f"LeNet {sname}, {bench.note}", ours, tname, peer,
                MASK_TARGETS.get(b), bench.flops, peak, note))
+      # The same workload against the vectorized peer (no target).
+      if has_torch:
+        equal = None
+
+        def make_vec(bench=bench):
+          nonlocal equal
+          fn, equal = defense.torch_mask(bench, "vectorized")
+          return fn
+
+        ours, peer, note = _pair(bench, make_vec, reps if b == 1 else 2,
+                                 warmup=b == 1)
+        note = f"masks identical: {'yes' if equal else 'NO'}; {vnote(b)}"
+      add(_row("defense", "Soteria mask (reference score) vs vectorized "
+               "PyTorch",
+               f"LeNet {sname}, {bench.note}", ours, vname, peer, None,
+               bench.flops, peak, note))
 
   if "gradients" in parts:
     for name, b in s["per_example"]:

@@ -109,8 +109,13 @@ def build_round(model_name: str = "lenet",
                        "local_steps": local_steps or None})
 
 
-def torch_round(bench: timing.Bench):
-  """The PyTorch peer of :func:`build_round` (same model, params, shapes)."""
+def torch_round(bench: timing.Bench, mask_impl: str = "loop"):
+  """The PyTorch peer of :func:`build_round` (same model, params, shapes).
+
+  ``mask_impl``: a defended round's Soteria mask, 'loop' (the reference
+  per-feature loop) or 'vectorized' (``torch.func.vmap``; see
+  :func:`experiments.benchmarks.torch_peers.fedavg_round`).
+  """
   from experiments.benchmarks import torch_peers  # pylint: disable=g-import-not-at-top
   state, data = bench.args[0], bench.args[1]
   model = bench.meta["model"]
@@ -123,7 +128,7 @@ def torch_round(bench: timing.Bench):
   steps = bench.meta.get("local_steps")
   return torch_peers.synced(lambda: torch_peers.fedavg_round(
       net, clients, batch_size, 0.01, defense_percent, eps,
-      local_steps=steps))
+      local_steps=steps, mask_impl=mask_impl))
 
 
 # The paper's MNIST setting (issue 12): 100 devices x 2 classes x 100
