@@ -266,6 +266,17 @@ def test_peers_run_where_ours_runs():
   assert torch_peers.labels([1, 2]).dtype == __import__("torch").int64
 
 
+def test_attack_benches_run_every_iteration():
+  """The DLG and GS benchmarks build, run and take every iteration they are
+  priced for (the FLOP count assumes no early stop)."""
+  from experiments.benchmarks import attack  # pylint: disable=g-import-not-at-top
+  dlg = attack.build_dlg(outer_steps=2, inner_steps=3, input_shape=(8, 8, 3))
+  gs = attack.build_gs(iterations=4, input_shape=(8, 8, 3))
+  assert int(dlg.fn(*dlg.args).iterations) == 2 * 3
+  assert int(gs.fn(*gs.args).iterations) == 4
+  assert dlg.flops > 0 and gs.flops > 0
+
+
 def _small_lenet(batch):
   """A LeNet on 8x8x3 images (48 features), its torch copy and a batch."""
   import jax  # pylint: disable=g-import-not-at-top

@@ -54,9 +54,10 @@ def build_dlg(model_name: str = "lenet", outer_steps: int = 3,
   """
   model, params, x, shared = _setup(model_name, **kwargs)
   # No early stop of any kind (the PyTorch peer runs every iteration): the
-  # divergence guards are off too (they stopped the default run at 44 of 60).
+  # divergence guards are off too (they stopped the default run at 44 of 60);
+  # grad_tol=0 stops only at an exactly zero gradient, where L-BFGS stalls.
   cfg = dlg_lib.DLGConfig(outer_steps=outer_steps, inner_steps=inner_steps,
-                          tol=0.0, grad_tol=-1.0,
+                          tol=0.0, grad_tol=0.0,
                           diverge_factor=float("inf"),
                           max_abs_pixel=float("inf"),
                           progress_every=progress_every)
