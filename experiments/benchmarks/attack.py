@@ -44,6 +44,19 @@ def matching_flops(model, params, x) -> float:
   return timing.xla_flops(jax.grad(objective), x)
 
 
+def no_stop_config(outer_steps: int, inner_steps: int,
+                   progress_every: int = 0) -> dlg_lib.DLGConfig:
+  """DLG settings with no early stop of any kind (the PyTorch peer runs every
+  iteration): the divergence guards are off too (they stopped the default
+  run at 44 of 60); grad_tol=0 stops only at an exactly zero gradient, where
+  L-BFGS stalls."""
+  return dlg_lib.DLGConfig(outer_steps=outer_steps, inner_steps=inner_steps,
+                           tol=0.0, grad_tol=0.0,
+                           diverge_factor=float("inf"),
+                           max_abs_pixel=float("inf"),
+                           progress_every=progress_every)
+
+
 def build_dlg(model_name: str = "lenet", outer_steps: int = 3,
               inner_steps: int = 20, progress_every: int = 0,
               **kwargs) -> timing.Bench:
@@ -53,14 +66,7 @@ def build_dlg(model_name: str = "lenet", outer_steps: int = 3,
   the host side is called, nothing is printed).
   """
   model, params, x, shared = _setup(model_name, **kwargs)
-  # No early stop of any kind (the PyTorch peer runs every iteration): the
-  # divergence guards are off too (they stopped the default run at 44 of 60);
-  # grad_tol=0 stops only at an exactly zero gradient, where L-BFGS stalls.
-  cfg = dlg_lib.DLGConfig(outer_steps=outer_steps, inner_steps=inner_steps,
-                          tol=0.0, grad_tol=0.0,
-                          diverge_factor=float("inf"),
-                          max_abs_pixel=float("inf"),
-                          progress_every=progress_every)
+  cfg = no_stop_config(outer_steps, inner_steps, progress_every)
   key = jax.random.key(1)
 
   def fn():
