@@ -281,7 +281,7 @@ def test_dlg_bench_runs_every_iteration():
 
 
 def _small_lenet(batch):
-  """A LeNet on 8x8x3 images (48 features), its torch copy and a batch."""
+  """A LeNet on 8x8x3 images (48 features), its parameters and a batch."""
   import jax  # pylint: disable=g-import-not-at-top
   from repdef_jax import models  # pylint: disable=g-import-not-at-top
   model = models.get_model("lenet", (8, 8, 3), 10)
