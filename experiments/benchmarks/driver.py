@@ -209,34 +209,33 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
                  met=res["estimate_s"] <= MNIST_ROUNDS_TARGET_S))
 
   if "defense" in parts:
-    for b in s["mask_batches"]:
-      bench = defense.build_mask(input_shape=shape, batch=b)
+
+    def mask_pair(bench, b, mask_impl):
+      """_pair against one PyTorch mask, noting whether the masks agree."""
       equal = None
 
-      def make(bench=bench):
+      def make():
         nonlocal equal
-        fn, equal = defense.torch_mask(bench)
+        fn, equal = defense.torch_mask(bench, mask_impl)
         return fn
 
       ours, peer, note = _pair(bench, make, reps if b == 1 else 2, has_torch,
                                warmup=b == 1)
       if equal is not None:
         note = f"masks identical: {'yes' if equal else 'NO'}"
+      return ours, peer, note
+
+    for b in s["mask_batches"]:
+      bench = defense.build_mask(input_shape=shape, batch=b)
+      ours, peer, note = mask_pair(bench, b, "loop")
       add(_row("defense", "Soteria mask (reference score)",
                f"LeNet {sname}, {bench.note}", ours, tname, peer,
                MASK_TARGETS.get(b), bench.flops, peak, note))
-      # The same workload against the vectorized peer (no target).
+      # The same workload against the vectorized peer (no target; without
+      # torch the row reuses ours).
       if has_torch:
-        equal = None
-
-        def make_vec(bench=bench):
-          nonlocal equal
-          fn, equal = defense.torch_mask(bench, "vectorized")
-          return fn
-
-        ours, peer, note = _pair(bench, make_vec, reps if b == 1 else 2,
-                                 warmup=b == 1)
-        note = f"masks identical: {'yes' if equal else 'NO'}; {vnote(b)}"
+        ours, peer, note = mask_pair(bench, b, "vectorized")
+        note = f"{note}; {vnote(b)}"
       add(_row("defense", "Soteria mask (reference score) vs vectorized "
                "PyTorch",
                f"LeNet {sname}, {bench.note}", ours, vname, peer, None,
