@@ -521,22 +521,35 @@ def _first_line(error: BaseException) -> str:
   return f"{type(error).__name__}: {text[:300].rstrip('.')}"
 
 
+_DECODE_CHUNK = 4096  # Records read per batch: ~3 MB of CIFAR-10 images.
+
+
 def _decode(source: Any, info: DatasetInfo,
             max_examples: int | None) -> Arrays:
-  """Decodes records one at a time into preallocated arrays."""
+  """Decodes records into preallocated arrays, a chunk of records at a time.
+
+  A chunk read (``source.__getitems__``) decodes MNIST's train split about 4x
+  faster than one record at a time; tfds's mock data source does not
+  implement it (a ``TypeError``), and is read one record at a time.
+  """
   count = len(source)
   if max_examples is not None:
     count = min(count, max_examples)
   images = np.empty((count, *info.image_shape), np.uint8)
   labels = np.empty((count,), np.int32)
-  for index in range(count):  # `__getitems__` is broken in tfds 4.9.10.
-    example = source[index]
-    image = np.asarray(example["image"])
-    if image.shape != info.image_shape:
-      raise RuntimeError(f"record {index} of {info.name!r} has image shape "
-                         f"{image.shape}, expected {info.image_shape}")
-    images[index] = image
-    labels[index] = example["label"]
+  for start in range(0, count, _DECODE_CHUNK):
+    indices = list(range(start, min(start + _DECODE_CHUNK, count)))
+    try:
+      examples = source.__getitems__(indices)
+    except TypeError:  # tfds.testing.mock_data's source.
+      examples = [source[index] for index in indices]
+    for index, example in zip(indices, examples):
+      image = np.asarray(example["image"])
+      if image.shape != info.image_shape:
+        raise RuntimeError(f"record {index} of {info.name!r} has image shape "
+                           f"{image.shape}, expected {info.image_shape}")
+      images[index] = image
+      labels[index] = example["label"]
   return images, labels
 
 

@@ -1,5 +1,6 @@
 """Tests of repdef_jax.data: TFDS loading, caching and pixel scaling."""
 
+import dataclasses
 import os
 import re
 import shutil
@@ -211,10 +212,14 @@ def _has_real_data() -> bool:
       os.path.isdir(os.path.join(root, name)) for name in ("mnist", "cifar10"))
 
 
+_needs_real_data = pytest.mark.skipif(
+    not _has_real_data(), reason="TFDS_DATA_DIR does not hold mnist and cifar10")
+
+
 @pytest.mark.integration
-@pytest.mark.skipif(not _has_real_data(),
-                    reason="TFDS_DATA_DIR does not hold mnist and cifar10")
+@_needs_real_data
 def test_real_datasets_load(tmp_path):
+  """Every real split, decoded from TFDS (cold) then from the cache (warm)."""
   expected = {("mnist", "train"): 60000, ("mnist", "test"): 10000,
               ("cifar10", "test"): 10000, ("cifar10", "train"): None}
   for pass_name in ("cold", "warm"):
@@ -233,6 +238,39 @@ def test_real_datasets_load(tmp_path):
         assert len(images) == count
       np.testing.assert_array_equal(np.unique(labels),
                                     np.arange(info.num_classes))
+
+
+@pytest.mark.integration
+@_needs_real_data
+@pytest.mark.parametrize("name", ["mnist", "cifar10"])
+def test_chunked_decode_equals_one_record_at_a_time(monkeypatch, name):
+  """Chunk reads (3 chunks of 700, the last partial) give the records that
+  reading one at a time gives, in order; a wrong image shape is refused."""
+  monkeypatch.setattr(data, "_DECODE_CHUNK", 700)
+  source = tfds.data_source(name, split="train", download=False)
+  assert len(source.__getitems__([0, 1])) == 2  # The chunk read works here.
+  info = data.get_info(name)
+  images, labels = data._decode(source, info, 1500)  # pylint: disable=protected-access
+  assert images.shape == (1500, *info.image_shape)
+  for index in (0, 699, 700, 1399, 1400, 1499):
+    example = source[index]
+    np.testing.assert_array_equal(images[index], example["image"])
+    assert labels[index] == example["label"]
+  wrong = dataclasses.replace(info, image_shape=(32, 32, 1))
+  with pytest.raises(RuntimeError, match="record 0 of .* has image shape"):
+    data._decode(source, wrong, 10)  # pylint: disable=protected-access
+
+
+def test_mock_source_decodes_one_record_at_a_time(mock_env):
+  """tfds 4.9.10's mock data source has no working chunk read (TypeError):
+  the records still come, equal to reading them one at a time."""
+  del mock_env
+  source = tfds.data_source("mnist", split="train", download=False)
+  images, labels = data._decode(source, data.get_info("mnist"), None)  # pylint: disable=protected-access
+  assert len(images) == len(source) > 1
+  for index in (0, len(source) - 1):
+    np.testing.assert_array_equal(images[index], source[index]["image"])
+    assert labels[index] == source[index]["label"]
 
 
 # ---------------------------------------------------------------------------
