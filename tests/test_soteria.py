@@ -266,6 +266,16 @@ def test_relu_effective_fraction_and_count_selection():
   np.testing.assert_allclose(info_c["pruned_fraction"], n / 64)
   np.testing.assert_allclose(info_c["effective_pruned_fraction"],
                              min(n, active.sum()) / 64)
+  # active = r non-zero on some (real) example of the batch; 'count' prunes
+  # active features first, so min(n, #active) of them are pruned.
+  for info in (info_p, info_c):
+    np.testing.assert_allclose(info["active_fraction"], active.mean())
+  np.testing.assert_allclose(info_c["pruned_fraction_of_active"],
+                             min(n, active.sum()) / active.sum())
+  np.testing.assert_allclose(
+      info_p["pruned_fraction_of_active"],
+      float(info_p["effective_pruned_fraction"]) * 64 / active.sum(),
+      rtol=1e-6)
   assert info_p["effective_pruned_fraction"] <= info_p["pruned_fraction"]
   assert info_c["effective_pruned_fraction"] >= info_p[
       "effective_pruned_fraction"]
@@ -313,20 +323,59 @@ def test_chain_soteria_then_noise():
   model, params, x, y = _setup("mlp", (4, 4, 1), hidden=(16,))
   g = gradients.batch_grad(model, params, x, y)
   batch = base.ClientBatch(params, x, y)
-  d = base.chain(S.soteria(model, 50, selection="count"), D.dp_gaussian(0.0))
-  out, info = d(g, batch, jax.random.key(0))
-  ref, _ = S.soteria(model, 50, selection="count")(g, batch, jax.random.key(0))
+  scale = 0.1
+  key = jax.random.key(0)
+  d = base.chain(S.soteria(model, 50, selection="count"), D.dp_gaussian(scale))
+  out, info = d(g, batch, key)
+  # chain gives member i the key fold_in(key, i) and feeds it the previous
+  # member's output: dp_gaussian(scale) applied to soteria's output.
+  sot, _ = S.soteria(model, 50, selection="count")(
+      g, batch, jax.random.fold_in(key, 0))
+  ref, _ = D.dp_gaussian(scale)(sot, batch, jax.random.fold_in(key, 1))
   for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
     np.testing.assert_array_equal(a, b)
+  # the noise is really there (the second member changed something) ...
+  resid = np.concatenate([(np.asarray(a) - np.asarray(b)).ravel() for a, b in
+                          zip(jax.tree_util.tree_leaves(out),
+                              jax.tree_util.tree_leaves(sot))])
+  assert np.all(resid != 0)
+  # ... and soteria ran first: its pruned rows carry pure noise of std scale.
+  pruned = np.all(np.asarray(sot["head"]["kernel"]) == 0, axis=1)
+  assert pruned.sum() >= 8  # 8 by count, plus dead-ReLU rows (zero grads)
+  head = np.asarray(out["head"]["kernel"])[pruned]
+  np.testing.assert_allclose(np.std(head), scale, rtol=0.3)
   assert "0_soteria/pruned_fraction" in info
   assert "1_dp_gaussian/noise_scale" in info
+  np.testing.assert_allclose(info["1_dp_gaussian/noise_scale"], scale)
 
 
 def test_get_defense_registry():
   model = models.get_model("mlp", (4, 4, 1), hidden=(8,))
+  zeros = {"w": jnp.zeros((100, 100))}
+  normal = {"w": jax.random.normal(jax.random.key(3), (100, 100))}
+  batch = base.ClientBatch(None, jnp.zeros((1, 1, 1, 1)), jnp.zeros((1,)))
+
+  def excess_kurtosis(t):
+    t = np.asarray(t["w"], np.float64).ravel()
+    t = t - t.mean()
+    return np.mean(t ** 4) / np.mean(t ** 2) ** 2 - 3
+
   for name in D.DEFENSE_NAMES:
     d = D.get_defense(name, 10 if name != "dp_sgd" else 1.0, model=model)
     assert isinstance(d, base.Defense)
+    assert d.name == name
+    # behavioural fingerprints of the cheap ones
+    if name == "none":
+      out, _ = d(normal, batch, jax.random.key(0))
+      np.testing.assert_array_equal(out["w"], normal["w"])
+    elif name == "compression":  # 10% of the entries zeroed
+      out, _ = d(normal, batch, jax.random.key(0))
+      assert np.mean(np.asarray(out["w"]) == 0) == 0.1
+    elif name in ("dp_gaussian", "dp_laplace"):
+      # 10000 draws: excess kurtosis 0 (Gaussian) vs 3 (Laplace); the
+      # estimate's std is ~0.05 (Gaussian) / ~0.4 (Laplace, right-skewed).
+      k = excess_kurtosis(d(zeros, batch, jax.random.key(0))[0])
+      assert (abs(k) < 1.0) if name == "dp_gaussian" else (k > 1.5), k
   with pytest.raises(ValueError, match="valid names.*soteria"):
     D.get_defense("nope", 1)
   with pytest.raises(ValueError, match="model"):

@@ -157,7 +157,8 @@ def dp_sgd(model: models_lib.Model, clip_norm: Any,
 
   Returns:
     A Defense named 'dp_sgd'; info: ``clipped_fraction`` (share of real
-    examples whose norm exceeded ``clip_norm``) and ``mean_grad_norm``.
+    examples whose norm exceeded ``clip_norm``) and ``mean_grad_norm``
+    (mean per-example global L2 norm of the real examples, before clipping).
   """
   if not isinstance(model, models_lib.Model):
     raise ValueError(f"model must be a repdef_jax Model, got {type(model)}.")
