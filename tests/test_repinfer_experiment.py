@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,24 +31,36 @@ def test_repinfer_end_to_end(mock_env):
   assert saved["claims"] == result["claims"]
   inf = result["inference"]
   assert inf["seeds"] == [0, 1]
+  cells = os.path.join(workdir, "cells")
+  inf_cells = []
+  for seed in (0, 1):
+    with open(os.path.join(cells, f"inference_seed{seed}.json")) as f:
+      inf_cells.append(json.load(f))
   for layer in ("fc0", "fc1", "head"):
     c = inf["correlation"][layer]
     # 2 seeds x 1 round x 2 devices x 2 classes.
     assert c["n"] == 8 and -1.0 <= c["mean"] <= 1.0
+    # Specificity: own minus other-class correlation, mean of seed means.
+    seed_means = [np.mean([dev["correlation"][layer][k] - other
+                           for dev in cell["devices"]
+                           for k, other in dev["correlation_other"][layer]
+                           .items()]) for cell in inf_cells]
+    spec = inf["specificity"][layer]
+    assert spec["n"] == 8
+    np.testing.assert_allclose(spec["mean"], np.mean(seed_means), rtol=1e-6)
   assert set(result["reconstruction"]) == {"one_image", "update"}
   for r in result["reconstruction"].values():
     assert r["images"] == 4  # 2 seeds x 2 images (or 2 clients x 1 image)
     for source in leakage.SOURCES:
       assert r[source]["mse"]["n"] == 4
   verdicts = [c["verdict"] for c in result["claims"]]
-  # 3 layers + 2 rows per reconstruction setting.
-  assert len(verdicts) == 7
+  # 3 layers x (correlation, specificity) + 2 rows per reconstruction setting.
+  assert len(verdicts) == 10
   assert all(v.split(" ")[0] in ("held", "did", "inconclusive")
              for v in verdicts)
   assert "[0,1]" in result["pixel_space"] and result["seconds"] > 0
   assert {t["title"].split(" ")[0] for t in result["tables"]} == {
-      "Inferred", "Class", "Reconstruction"}
-  cells = os.path.join(workdir, "cells")
+      "Inferred", "Specificity:", "Class", "Reconstruction"}
   before = {f: os.path.getmtime(os.path.join(cells, f))
             for f in os.listdir(cells)}
   assert len(before) == 2 + 2 * 2 * 2  # inference + (json, npz) per setting
@@ -59,3 +72,31 @@ def test_repinfer_end_to_end(mock_env):
 def test_bad_preset():
   with pytest.raises(ValueError, match="preset"):
     repinfer_cfg.get_config("nope")
+
+
+def _cell(seed, own, other):
+  """An inference cell with one two-class device and layer 'fc0'."""
+  dev = {"correlation": {"fc0": {"0": own[0], "1": own[1]}},
+         "correlation_other": {"fc0": {"0": other[0], "1": other[1]}},
+         "classes_correct": {r: True for r in leakage.RULES}}
+  return {"seed": seed, "layers": ["fc0"], "devices": [dev]}
+
+
+def test_specificity_statistic_on_known_cells():
+  """Differences 0.4 / -0.05 (seed 0) and 0.2 / 0.1 (seed 1): seed means
+  0.175 and 0.15, mean 0.1625; 3 of 4 samples closer to their own class."""
+  cells = [_cell(0, (0.9, 0.8), (0.5, 0.85)), _cell(1, (0.9, 0.9),
+                                                    (0.7, 0.8))]
+  spec = leakage.summarize_inference(cells)["specificity"]["fc0"]
+  np.testing.assert_allclose(spec["mean"], 0.1625)
+  assert spec["n"] == 4 and spec["low"] < 0.15 < 0.175 < spec["high"]
+  np.testing.assert_allclose(spec["other_mean"], (0.5 + 0.85 + 0.7 + 0.8) / 4)
+  assert spec["share_own_higher"]["value"] == 0.75
+  # Cells written before the statistic existed: no specificity, no claim row.
+  for c in cells:
+    for dev in c["devices"]:
+      del dev["correlation_other"]
+  inference = leakage.summarize_inference(cells)
+  assert inference["specificity"] == {}
+  assert not any("specific" in c["claim"]
+                 for c in leakage.claims(inference, {}))

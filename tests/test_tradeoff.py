@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -17,6 +18,7 @@ from repdef_jax import data as data_lib  # noqa: E402
 from repdef_jax import defenses  # noqa: E402
 from repdef_jax import host  # noqa: E402
 from repdef_jax import models  # noqa: E402
+from repdef_jax import storage  # noqa: E402
 from repdef_jax.paper import cost  # noqa: E402
 from repdef_jax.paper import harness  # noqa: E402
 from repdef_jax.paper import sweep  # noqa: E402
@@ -51,6 +53,24 @@ def test_tiny_end_to_end_and_resume(mock_env):
       workdir, "runs", "logreg_mnist", "seed0", "soteria_50",
       "params_final.msgpack"))
   assert [c["verdict"] for c in saved["claims"]]  # every claim decided
+  # Every per-attack SSIM carries its interval; the undefended success
+  # rates have their table; re-rendering the tables from the panels gives
+  # the run's tables.
+  per_attack = next(t for t in saved["tables"] if "SSIM per attack" in
+                    t["title"])
+  for p, row in zip(panel["points"], per_attack["rows"]):
+    for a, cell in zip(panel["attacks"], row[2:]):
+      assert ("[" in cell) == (p["per_attack"][a]["ssim"]["low"] is not None)
+  rates = next(t for t in saved["tables"] if "undefended success" in
+               t["title"])
+  assert rates["rows"] == [[panel["undefended_success_rate"][a]
+                            for a in rates["header"]]]
+  assert rates["header"] == ["best", "gs", "gs_mask"]
+  tables_before = saved["tables"]
+  saved["tables"] = []
+  storage.write_json(os.path.join(workdir, "tradeoff.json"), saved)
+  assert tradeoff.refresh_tables(os.path.join(workdir, "tradeoff.json"))[
+      "tables"] == tables_before
   cells = os.path.join(workdir, "cells")
   names = sorted(os.listdir(cells))
   assert len(names) == len(sweep.plan(config)) == 6
@@ -319,3 +339,25 @@ def test_every_defense_at_a_strong_setting_degrades_the_best_attack():
     defended = best(name, strength)
     assert defended["mse_clamped"] > 10 * undefended["mse_clamped"], name
     assert defended["ssim"] < undefended["ssim"] - 0.3, name
+
+
+def test_committed_tables_give_every_mean_its_interval():
+  """The committed medium run (3 seeds) rendered with today's tables: every
+  per-attack SSIM, one-image and real-update, has its interval."""
+  path = os.path.join(ROOT, "docs", "results", "tradeoff", "tradeoff.json")
+  if not os.path.exists(path):
+    pytest.skip("no committed trade-off run")
+  result = storage.read_json(path)
+  out = tradeoff.tables(result["panels"], result["config"]["success_ssim"])
+  per_attack = [t for t in out if "per attack" in t["title"] or
+                "real multi-step updates" in t["title"]]
+  # Per panel: SSIM per attack, success rate per attack, updates.
+  assert len(per_attack) == 3 * len(result["panels"])
+  for t in per_attack:
+    if "success rate" in t["title"]:
+      assert t["header"][0] == "best" and len(t["rows"]) == 1
+      continue
+    first_attack = 2 if "SSIM per attack" in t["title"] else 5
+    # No interval only where diverged runs left fewer than two seeds.
+    assert all("[" in c or re.search(r"\(\d+ div\)$", c)
+               for row in t["rows"] for c in row[first_attack:]), t["title"]

@@ -7,8 +7,11 @@
    (Algorithms 3 and 4, :mod:`repdef_jax.attacks.repinfer`), scored by
    Pearson correlation with the true class-mean representation under the
    model the device received. Per layer: mean and 95 % interval over the
-   (device, class) samples of every seed, share above 0.8; class detection
-   accuracy per rule with its interval over seeds.
+   (device, class) samples of every seed, share above 0.8; specificity
+   (beyond the paper): the same correlation minus the correlation with the
+   device's other class, since the classes' true representations correlate
+   highly with each other and a class-blind estimate would score high too;
+   class detection accuracy per rule with its interval over seeds.
 2. Reconstruction on the conv 3->12 -> FC 10 leakage model, from (a) the
    representation inferred from the last-layer update, (b) the whole
    gradient, (c) the conv gradients alone, all by the same L-BFGS
@@ -81,17 +84,20 @@ def _attack_fn(model: models.Model, M: int, threshold: float, k: int):
 
   Returns:
     ``fn(params, updates [D, ...], x [D, n, ...], y [D, n]) -> (masks {rule:
-    [D, K]}, corr {layer: [D, K]}, counts [D, K])``: the class masks for the
-    paper's norm rule (``threshold`` x median), the bias-sign rule and top-k
-    with k known; the Pearson correlation of the inferred and the true
-    class-mean representation (under ``params``, the model the devices
-    received) for every class; the class counts.
+    [D, K]}, corr {layer: [D, K, K]}, counts [D, K])``: the class masks for
+    the paper's norm rule (``threshold`` x median), the bias-sign rule and
+    top-k with k known; the Pearson correlation of the representation
+    inferred for class c with the true class-mean representation of class c'
+    (``corr[layer][d, c, c']``, under ``params``, the model the devices
+    received); the class counts.
   """
   infer = functools.partial(repinfer.infer_all_representations, model, M=M)
   truth_fn = functools.partial(repinfer.class_mean_representations, model)
   rules = {"norm": dict(threshold=threshold), "sign": dict(rule="sign"),
            "topk": dict(k=k)}
-  pearson = jax.vmap(jax.vmap(repinfer.pearson))
+  # [D, K, F] x [D, K, F] -> [D, K, K]: every inferred row vs every true row.
+  pearson = jax.vmap(jax.vmap(jax.vmap(repinfer.pearson, in_axes=(None, 0)),
+                              in_axes=(0, None)))
 
   @jax.jit
   def fn(params, updates, x, y):
@@ -150,9 +156,15 @@ def inference_cell(config: ml_collections.ConfigDict, images: np.ndarray,
           "classes_correct": {k: bool(set(np.flatnonzero(m[d])) ==
                                       set(true_cls))
                               for k, m in masks.items()},
-          "correlation": {layer: {str(c): float(corr[layer][d, c])
+          "correlation": {layer: {str(c): float(corr[layer][d, c, c])
                                   for c in true_cls}
                           for layer in model.fc_layers},
+          # With the device's other classes: a class-blind baseline.
+          "correlation_other": {layer: {
+              str(c): float(np.mean([corr[layer][d, c, o] for o in true_cls
+                                     if o != c]))
+              for c in true_cls if len(true_cls) > 1}
+                                for layer in model.fc_layers},
       })
   return {"seed": int(seed), "model": config.model,
           "layers": list(model.fc_layers), "devices": devices}
@@ -164,7 +176,7 @@ def summarize_inference(cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
   layers = cells[0]["layers"]
   out = {"layers": layers, "seeds": [c["seed"] for c in cells],
          "layer_meaning": "representation entering each FC layer",
-         "correlation": {}, "class_detection": {}}
+         "correlation": {}, "specificity": {}, "class_detection": {}}
   for layer in layers:
     pairs = [(v, c["seed"]) for c in cells for dev in c["devices"]
              for v in dev["correlation"][layer].values()]
@@ -178,6 +190,8 @@ def summarize_inference(cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "per_seed_mean": [float(np.mean(
             [v for dev in c["devices"]
              for v in dev["correlation"][layer].values()])) for c in cells]}
+    if all("correlation_other" in dev for c in cells for dev in c["devices"]):
+      out["specificity"][layer] = _specificity(cells, layer)
   for rule in RULES:
     per_seed = [float(np.mean([d["classes_correct"][rule]
                                for d in c["devices"]])) for c in cells]
@@ -186,6 +200,26 @@ def summarize_inference(cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out["class_detection"][rule] = {
         **stats.mean_ci(per_seed), "per_seed": per_seed,
         "pooled": float(np.mean(pooled)), "devices": len(pooled)}
+  return out
+
+
+def _specificity(cells: Sequence[dict[str, Any]], layer: str
+                 ) -> dict[str, Any]:
+  """Own-class minus other-class correlation of each inferred representation
+  (devices with >= 2 classes), over (device, class, seed) samples."""
+  own, other, seeds = [], [], []
+  for c in cells:
+    for dev in c["devices"]:
+      for cls, v in dev["correlation_other"][layer].items():
+        own.append(dev["correlation"][layer][cls])
+        other.append(v)
+        seeds.append(c["seed"])
+  diff = np.asarray(own) - np.asarray(other)
+  out = stats.mean_ci(diff.tolist(), groups=seeds)
+  if other:
+    out.update(other_mean=float(np.mean(other)),
+               share_own_higher=stats.proportion_ci(int(np.sum(diff > 0)),
+                                                    len(diff)))
   return out
 
 
@@ -385,6 +419,8 @@ def summarize_reconstruction(cells: Sequence[dict[str, Any]]
 
 PAPER_CORRELATION = ("correlation of inferred and true representations up to "
                      "0.99, > 0.8 in almost all settings")
+PAPER_SPECIFICITY = ("not measured: the paper compares the inferred "
+                     "representation with its own class only")
 PAPER_RECONSTRUCTION = ("reconstruction from inferred representations works "
                         "as well as from the whole gradient; conv-layer "
                         "gradients alone fail")
@@ -411,6 +447,19 @@ def claims(inference: dict[str, Any] | None,
           f"{report_lib.fmt(share)}",
           c["mean"], c["low"], c["high"], target=0.8,
           rule="held when the mean's interval low >= 0.8"))
+    for layer, c in inference.get("specificity", {}).items():
+      share = c.get("share_own_higher") or {}
+      rows.append(stats.claim(
+          f"Inferred representations are specific to their class (entering "
+          f"{layer}; beyond the paper)", PAPER_SPECIFICITY,
+          f"corr(inferred, own class) - corr(inferred, the device's other "
+          f"class), mean over {c['n']} (device, class) samples of "
+          f"{len(inference['seeds'])} seeds (interval over the seeds' means); "
+          f"other-class correlation {report_lib.fmt(c.get('other_mean'))}; "
+          f"closer to the own class: {report_lib.fmt(share.get('value'))}",
+          c["mean"], c["low"], c["high"], target=0.0,
+          rule="held when the interval low >= 0; did not hold when its high "
+               "< 0"))
   for setting, r in reconstruction.items():
     words = SETTING_WORDS[setting]
     d = r["ssim_representation_minus_gradient"]
@@ -457,6 +506,12 @@ def claims(inference: dict[str, Any] | None,
   return rows
 
 
+def _fmt_share(p: dict[str, Any] | None) -> str:
+  """A proportion ``value [low, high]`` (n/a when absent)."""
+  return "n/a" if not p else report_lib.fmt_interval(p["value"], p["low"],
+                                                     p["high"])
+
+
 def tables(inference: dict[str, Any],
            reconstruction: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
   """Correlation per layer, class detection per rule and reconstruction per
@@ -466,16 +521,23 @@ def tables(inference: dict[str, Any],
           "header": ["entering layer", "mean [95 %]", "median", "min",
                      "share > 0.8 [95 %]", "samples"],
           "rows": [[layer, batched.interval(c), c["median"], c["min"],
-                    report_lib.fmt_interval(
-                        c["share_above_0.8"]["value"],
-                        c["share_above_0.8"]["low"],
-                        c["share_above_0.8"]["high"]), c["n"]]
-                   for layer, c in inference["correlation"].items()]},
-         {"title": "Class detection: exact set of a device's classes, mean "
-                   "over seeds",
-          "header": ["rule", "accuracy [95 %]", "pooled", "devices"],
-          "rows": [[rule, batched.interval(c), c["pooled"], c["devices"]]
-                   for rule, c in inference["class_detection"].items()]}]
+                    _fmt_share(c["share_above_0.8"]), c["n"]]
+                   for layer, c in inference["correlation"].items()]}]
+  if inference.get("specificity"):
+    out.append({"title": "Specificity: corr(inferred, own class) - "
+                         "corr(inferred, the device's other class), over "
+                         "(device, class) samples x seeds",
+                "header": ["entering layer", "difference [95 %]",
+                           "other-class correlation", "closer to own [95 %]",
+                           "samples"],
+                "rows": [[layer, batched.interval(c), c.get("other_mean"),
+                          _fmt_share(c.get("share_own_higher")), c["n"]]
+                         for layer, c in inference["specificity"].items()]})
+  out.append({"title": "Class detection: exact set of a device's classes, "
+                       "mean over seeds",
+              "header": ["rule", "accuracy [95 %]", "pooled", "devices"],
+              "rows": [[rule, batched.interval(c), c["pooled"], c["devices"]]
+                       for rule, c in inference["class_detection"].items()]})
   rows = []
   for setting, r in reconstruction.items():
     for source in SOURCES:

@@ -547,9 +547,14 @@ def analyse(config, cells: list[tuple[dict, dict]]) -> dict[str, Any]:
   return panels
 
 
-def tables(panels: dict[str, Any]) -> list[dict[str, Any]]:
-  """The report's tables: every point, every attack, the real updates."""
+def tables(panels: dict[str, Any], success_ssim: float
+           ) -> list[dict[str, Any]]:
+  """The report's tables: every point, every attack (with its undefended
+  success rate), the real updates; every mean with its interval."""
   iv = lambda m: report_lib.fmt_interval(m["mean"], m["low"], m["high"])  # noqa: E731
+  # An attack's SSIM with its interval and its count of diverged runs.
+  ssim = lambda a: iv(a["ssim"]) + (f" ({a['diverged']} div)"  # noqa: E731
+                                    if a.get("diverged") else "")
   out = []
   for name, panel in panels.items():
     where = f"{name} ({panel['model']}/{panel['dataset']})"
@@ -563,31 +568,34 @@ def tables(panels: dict[str, Any]) -> list[dict[str, Any]]:
                    best["mse"]["median"], best["success_rate"],
                    f"{best['diverged']}/{p['images']}"])
       per_attack.append([p["defense"], p["strength"]] + [
-          report_lib.fmt(p["per_attack"][at]["ssim"]["mean"]) +
-          (f" ({p['per_attack'][at]['diverged']} div)"
-           if p["per_attack"][at]["diverged"] else "")
-          for at in panel["attacks"]])
+          ssim(p["per_attack"][at]) for at in panel["attacks"]])
     out.append({"title": f"{where}: accuracy and best-of-attacks privacy "
                          "(one-image gradients at round 0)",
                 "header": ["defense", "strength", "accuracy",
                            "clamped MSE", "SSIM", "raw MSE (median)",
                            "attack success rate", "all attacks diverged"],
                 "rows": rows})
-    out.append({"title": f"{where}: mean SSIM per attack",
+    out.append({"title": f"{where}: SSIM per attack, mean [95 % interval "
+                         "over seeds] (k div: k runs diverged)",
                 "header": ["defense", "strength", *panel["attacks"]],
                 "rows": per_attack})
+    rates = panel["undefended_success_rate"]
+    out.append({"title": f"{where}: undefended success rate per attack "
+                         f"(share of images with SSIM >= {success_ssim:g})",
+                "header": list(rates), "rows": [list(rates.values())]})
     upd = []
     for cell, stages in panel["updates"].items():
       for stage, per in stages.items():
         upd.append([cell, stage, iv(per["best"]["ssim"]),
                     iv(per["best"]["mse_clamped"]),
                     per["best"]["success_rate"]] +
-                   [report_lib.fmt(v["ssim"]["mean"]) for k, v in per.items()
-                    if k != "best"])
+                   [ssim(v) for k, v in per.items() if k != "best"])
     if upd:
       attacks = [k for k in next(iter(next(iter(
           panel["updates"].values())).values())) if k != "best"]
-      out.append({"title": f"{where}: attacks on real multi-step updates",
+      out.append({"title": f"{where}: attacks on real multi-step updates "
+                           "(SSIM: mean [95 % interval over seeds], k div: "
+                           "k runs diverged)",
                   "header": ["cell", "stage", "best SSIM", "best clamped MSE",
                              "success rate", *[f"{a} SSIM" for a in attacks]],
                   "rows": upd})
@@ -618,7 +626,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "claims": [c for name, p in panels.items()
                  for c in (*panel_claims(name, p, config),
                            *update_claims(name, p, config))],
-      "tables": tables(panels),
+      "tables": tables(panels, config.success_ssim),
       "panels": panels,
       "seconds": time.perf_counter() - start,
       "cell_seconds": sum(r.get("cell_seconds", 0.0) for _, r in cells),
@@ -628,6 +636,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   storage.write_json(os.path.join(workdir, RESULT_FILE), harness.jsonable(
       result))
   plot(result, os.path.join(workdir, PLOT_FILE))
+  return result
+
+
+def refresh_tables(path: str) -> dict[str, Any]:
+  """Re-renders a finished run's ``tables`` from its ``panels``.
+
+  For a report whose table layout changed after a run: only formatting is
+  redone; the statistics, claims and cells stay as the run computed them.
+
+  Args:
+    path: a ``tradeoff.json``, rewritten atomically.
+
+  Returns:
+    The updated result.
+  """
+  result = storage.read_json(path)
+  result["tables"] = tables(result["panels"],
+                            result["config"]["success_ssim"])
+  storage.write_json(path, harness.jsonable(result))
   return result
 
 
