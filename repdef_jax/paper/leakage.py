@@ -633,8 +633,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 def plot(result: dict[str, Any], inf_cells: Sequence[dict[str, Any]],
          workdir: str, path: str) -> None:
-  """Correlation per layer (left) and, for the first seed, originals and the
-  three sources' reconstructions of each setting (right)."""
+  """Correlation per layer with the own and the device's other class (left)
+  and, for the first seed, originals and the three sources'
+  reconstructions of each setting (right)."""
   plt = storage.pyplot()
   layers = result["inference"]["layers"]
   seed = result["config"]["seeds"][0]
@@ -651,13 +652,26 @@ def plot(result: dict[str, Any], inf_cells: Sequence[dict[str, Any]],
   gs = fig.add_gridspec(max(len(rows), 1), n + 2,
                         width_ratios=[3, 0.3] + [1] * n)
   ax = fig.add_subplot(gs[:, 0])
-  data = [[v for c in inf_cells for dev in c["devices"]
-           for v in dev["correlation"][l].values()] for l in layers]
-  ax.boxplot(data)
-  ax.set_xticks(range(1, len(layers) + 1), [f"into {l}" for l in layers])
+  def values(key):
+    return [[v for c in inf_cells for dev in c["devices"]
+             for v in dev.get(key, {}).get(l, {}).values()] for l in layers]
+
+  data, other = values("correlation"), values("correlation_other")
+  x = np.arange(1, len(layers) + 1)
+  if all(other):  # The class-blind baseline beside each layer's box.
+    ax.boxplot(data, positions=x - 0.2, widths=0.3)
+    ax.boxplot(other, positions=x + 0.2, widths=0.3,
+               boxprops={"color": "tab:orange"},
+               medianprops={"color": "tab:orange"})
+    ax.plot([], [], color="black", label="own class")
+    ax.plot([], [], color="tab:orange", label="device's other class")
+    ax.legend(fontsize=7, loc="lower left")
+  else:
+    ax.boxplot(data, positions=x)
+  ax.set_xticks(x, [f"into {l}" for l in layers])
   ax.axhline(0.8, color="gray", ls=":")
-  ax.set_ylabel("Pearson(inferred, true)")
-  ax.set_ylim(min(0.0, min(min(d) for d in data)), 1.02)
+  ax.set_ylabel("Pearson(inferred, true class mean)")
+  ax.set_ylim(min([0.75] + [min(d) - 0.02 for d in data + other if d]), 1.01)
   ax.set_title(f"inference, {len(inf_cells)} seeds")
   for r, (setting, name) in enumerate(rows):
     pics = dict(grids)[setting][name]
