@@ -476,3 +476,63 @@ def test_bad_inputs_raise_clear_errors(lenet_setup):
   with pytest.raises(ValueError, match="channels"):
     attacks.get_attack("gs")(model, params, grads, 1, key,
                              lower=(0., 0., 0.), upper=(1., 1., 1.))
+
+
+# ------------------------------------------- final loss = recomputed objective
+
+@pytest.fixture(scope="module")
+def small_lenet_pruned():
+  """A 16x16 LeNet, a known label and a shared gradient whose defended
+  kernel has every other row zeroed (what Soteria's pruning leaves)."""
+  model = models.get_model("lenet", (16, 16, 1), 10, init="uniform")
+  params = model.init(jax.random.key(0))
+  y = jnp.array([4])
+  g = batch_grad(model, params, smooth_image(model.input_shape, 1), y)
+  shared = _pruned(model, g, np.arange(0, model.num_features, 2))
+  return model, params, y, shared
+
+
+_VIEWS = {"mask": objectives.GradientView(mask_from_shared=True),
+          "drop": objectives.GradientView(drop_defended=True)}
+
+
+# The adaptive attacks' reported final loss is their *viewed* objective at
+# x_rec (the known label is used as given), recomputed here independently;
+# an attack that ignored its view (weights None) reports the plain distance,
+# which differs by far more than the tolerance.
+@pytest.mark.parametrize("name", ["gs_mask", "dlg_mask", "gs_drop"])
+def test_adaptive_final_loss_is_the_viewed_objective_at_x_rec(
+    small_lenet_pruned, name):
+  model, params, y, shared = small_lenet_pruned
+  gs = name.startswith("gs")
+  kw = (dict(iterations=5, restarts=1) if gs
+        else dict(outer_steps=2, inner_steps=3, restarts=1))
+  res = attacks.get_attack(name)(model, params, shared, 1, jax.random.key(3),
+                                 labels=y, **kw)
+  assert not bool(res.diverged)
+  np.testing.assert_array_equal(res.labels_rec, y)
+  kind = "cosine" if gs else "l2"
+  w = objectives.view_weights(model, shared, _VIEWS[name.split("_")[1]])
+  g = batch_grad(model, params, res.x_rec, y)
+  tv = (attacks.GSConfig().tv_weight * objectives.total_variation(res.x_rec)
+        if gs else 0.0)
+  want = float(objectives.gradient_distance(kind, g, shared, w) + tv)
+  plain = float(objectives.gradient_distance(kind, g, shared) + tv)
+  got = float(res.final_loss)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+  assert abs(plain - want) > 1e-2 * abs(want), (got, want, plain)
+
+
+def test_gs_final_loss_includes_the_tv_prior(small_lenet_pruned):
+  """With a large TV weight, GS's loss is the cosine distance plus that
+  weight times TV(x_rec), recomputed here (the TV term dominates it)."""
+  model, params, y, shared = small_lenet_pruned
+  res = attacks.get_attack("gs")(model, params, shared, 1, jax.random.key(3),
+                                 labels=y, iterations=20, restarts=1,
+                                 tv_weight=10.0)
+  tv = float(objectives.total_variation(res.x_rec))
+  dist = float(objectives.gradient_distance(
+      "cosine", batch_grad(model, params, res.x_rec, y), shared))
+  np.testing.assert_allclose(float(res.final_loss), dist + 10.0 * tv,
+                             rtol=1e-4)
+  assert 10.0 * tv > dist

@@ -27,7 +27,8 @@ def test_mse_raw_vs_clamped():
   nan = rec.copy()
   nan[0, 0, 0, 0] = np.nan
   assert np.isinf(metrics.mse_raw(nan, x)[0])
-  assert np.isfinite(metrics.mse_clamped(nan, x)[0])
+  # Clamped: NaN reads as 0.5 (0.25 from the truth 0), 3 as 1 (1 each).
+  np.testing.assert_allclose(metrics.mse_clamped(nan, x), [(0.25 + 3) / 4])
 
 
 def test_hungarian_matching_recovers_permutation():
@@ -46,7 +47,11 @@ def test_reconstruction_metrics_diverged_and_space():
   x = _imgs(1)
   m = metrics.reconstruction_metrics(np.full_like(x, np.inf), x)
   assert np.isinf(m["mse"]) and not m["finite"]
-  assert np.isfinite(m["mse_clamped"]) and np.isfinite(m["psnr"])
+  # +inf clamps to 1 and -inf to 0: the clamped metrics are those images'.
+  assert m["mse_clamped"] == pytest.approx(np.mean((1 - x) ** 2))
+  assert np.isfinite(m["psnr"])
+  m = metrics.reconstruction_metrics(np.full_like(x, -np.inf), x)
+  assert m["mse_clamped"] == pytest.approx(np.mean(x ** 2))
   with pytest.raises(ValueError, match="pixel_space"):
     metrics.reconstruction_metrics(x, x, pixel_space="normalized")
 

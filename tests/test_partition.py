@@ -112,6 +112,20 @@ def test_dirichlet_covers_disjointly(alpha):
   np.testing.assert_array_equal(counts.sum(axis=0), 30)
 
 
+def test_dirichlet_redraws_until_min_size():
+  """Seed 1's first draw (what min_size=0 accepts) leaves a client with
+  fewer than 20 examples; min_size=20 redraws until none has."""
+  labels = _labels(per_class=200)
+  first = partition.dirichlet(labels, num_clients=10, alpha=0.05, seed=1,
+                              min_size=0)
+  assert min(len(p) for p in first) < 20
+  parts = partition.dirichlet(labels, num_clients=10, alpha=0.05, seed=1,
+                              min_size=20)
+  assert min(len(p) for p in parts) >= 20
+  np.testing.assert_array_equal(np.sort(np.concatenate(parts)),
+                                np.arange(len(labels)))
+
+
 def test_dirichlet_skew_and_errors():
   labels = _labels(per_class=200)
   skewed = partition.class_counts(
