@@ -284,3 +284,29 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
   [line] = capsys.readouterr().err.strip().splitlines()
   assert line.startswith("repdef-data: sample: No data for dataset 'mnist'")
   assert not out.exists()
+
+
+def test_fetch_passes_its_timeout_to_every_connection(monkeypatch):
+  """The timeout given, else $REPDEF_JAX_DOWNLOAD_TIMEOUT, else 15 s, is the
+  one urlopen gets (a checked but unused timeout would hang on a dead
+  server)."""
+  seen = []
+
+  def urlopen(url, **kwargs):
+    seen.append(kwargs.get("timeout"))
+    return io.BytesIO(b"data")
+
+  monkeypatch.setattr(download.urllib.request, "urlopen", urlopen)
+  sha = hashlib.sha256(b"data").hexdigest()
+  monkeypatch.delenv(download.TIMEOUT_ENV, raising=False)
+  assert download.fetch("http://x/f", sha, timeout=2.5) == b"data"
+  download.fetch("http://x/f", sha)
+  monkeypatch.setenv(download.TIMEOUT_ENV, "7")
+  download.fetch("http://x/f", sha)
+  assert seen == [2.5, download.DEFAULT_TIMEOUT, 7.0]
+
+
+def test_an_explicit_mirror_beats_the_environment(monkeypatch):
+  monkeypatch.setenv(download.MIRROR_ENV, "http://127.0.0.1:9")
+  assert download.base_url("mnist", "http://x/") == "http://x/mnist/"
+  assert download.base_url("mnist") == "http://127.0.0.1:9/mnist/"

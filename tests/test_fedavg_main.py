@@ -125,6 +125,9 @@ def test_resume_after_kill_equals_uninterrupted(mock_env, monkeypatch):
   # 5. A different configuration in the same workdir: error, nothing changes.
   with pytest.raises(ValueError, match="different configuration"):
     _run(_config(client_lr=0.2), mock_env / "full", data_dir)
+  # Another seed is another run, not a runtime setting.
+  with pytest.raises(ValueError, match="different configuration"):
+    _run(_config(seed=1), mock_env / "full", data_dir)
   assert _files(mock_env / "full") == reference
 
 

@@ -82,3 +82,24 @@ def test_atomic_writes_get_the_umask_mode(tmp_path):
         assert os.stat(path).st_mode & 0o777 == mode, path
   finally:
     os.umask(old)
+
+
+@pytest.mark.parametrize("write", [
+    lambda p: storage.write_bytes(p, b"new"),
+    lambda p: storage.write_text(p, "new"),
+    lambda p: storage.write_jsonl(p, [{"new": 1}])])
+def test_a_write_failing_before_it_lands_keeps_the_old_file(tmp_path,
+                                                           monkeypatch, write):
+  """Bytes, text and JSON lines go through a temporary file: an error before
+  the rename (here fsync) leaves the old content and no temporary."""
+  path = tmp_path / "r.bin"
+  path.write_bytes(b"old")
+
+  def fsync(fd):
+    raise OSError("disk full")
+
+  monkeypatch.setattr(storage.os, "fsync", fsync)
+  with pytest.raises(OSError, match="disk full"):
+    write(str(path))
+  assert path.read_bytes() == b"old"
+  assert os.listdir(tmp_path) == ["r.bin"]
