@@ -551,7 +551,7 @@ def tables(panels: dict[str, Any], success_ssim: float
            ) -> list[dict[str, Any]]:
   """The report's tables: every point, every attack (with its undefended
   success rate), the real updates; every mean with its interval."""
-  iv = lambda m: report_lib.fmt_interval(m["mean"], m["low"], m["high"])  # noqa: E731
+  iv = batched.interval
   # An attack's SSIM with its interval and its count of diverged runs.
   ssim = lambda a: iv(a["ssim"]) + (f" ({a['diverged']} div)"  # noqa: E731
                                     if a.get("diverged") else "")
