@@ -1,11 +1,26 @@
 """Shared pytest setup: CPU, small default precision, quiet logs."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # No test downloads a dataset (tests/test_download.py serves its own mirror).
 os.environ.setdefault("REPDEF_JAX_OFFLINE", "1")
+# One persistent compilation cache per test run, fresh and shared by the
+# xdist workers and the subprocesses they start (they inherit the
+# environment): tests that build the same program in separate closures or
+# processes compile it once. A user's ~/.cache is never read, so a run here
+# starts as cold as on a clean CI machine.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _CACHE = tempfile.mkdtemp(prefix="repdef_jax_tests_xla_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+  os.environ["REPDEF_JAX_COMPILATION_CACHE"] = _CACHE
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.1"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 import pytest  # noqa: E402
 
