@@ -12,15 +12,18 @@ os.environ.setdefault("REPDEF_JAX_OFFLINE", "1")
 # One persistent compilation cache per test run, fresh and shared by the
 # xdist workers and the subprocesses they start (they inherit the
 # environment): tests that build the same program in separate closures or
-# processes compile it once. A user's ~/.cache is never read, so a run here
-# starts as cold as on a clean CI machine.
+# processes compile it once. Nothing in a user's ~/.cache is read, neither
+# compiled programs nor dataset caches, so a run here starts as cold as on a
+# clean CI machine.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  _CACHE = tempfile.mkdtemp(prefix="repdef_jax_tests_xla_")
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
-  os.environ["REPDEF_JAX_COMPILATION_CACHE"] = _CACHE
+  _RUN_DIR = tempfile.mkdtemp(prefix="repdef_jax_tests_")
+  atexit.register(shutil.rmtree, _RUN_DIR, ignore_errors=True)
+  os.makedirs(os.path.join(_RUN_DIR, "xla"))
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_RUN_DIR, "xla")
+  os.environ["REPDEF_JAX_COMPILATION_CACHE"] = os.path.join(_RUN_DIR, "xla")
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.1"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+  os.environ.setdefault("REPDEF_JAX_CACHE", os.path.join(_RUN_DIR, "data"))
 
 import pytest  # noqa: E402
 

@@ -95,3 +95,59 @@ def test_a_shared_soteria_point_is_resampled_once_per_replicate():
   width = lambda r: r["high"] - r["low"]  # noqa: E731
   assert width(two) == pytest.approx(width(one), rel=0.1)
   assert two["value"] == one["value"]
+
+
+def test_frontier_skips_points_without_finite_privacy():
+  """A point on which every attack diverged (all NaN) is never the frontier,
+  even at the lower strength."""
+  nan = _pt(10, 0.95, float("nan"))
+  assert ea.frontier([nan, _pt(20, 0.9, 0.1)], 0.9)["strength"] == 20
+  assert ea.frontier([nan], 0.9) is None
+
+
+def test_first_protective_is_inclusive_and_ordered_by_strength():
+  """'At most the threshold': a mean SSIM equal to it protects; the lowest
+  strength wins whatever the order of the points."""
+  assert ea.first_protective(BASELINE, 0.25)["strength"] == 2
+  assert ea.first_protective(BASELINE[::-1], 0.3)["strength"] == 2
+  assert ea.first_protective(BASELINE[::-1], 0.2)["strength"] == 3
+
+
+def test_ratio_at_first_protective_uses_the_given_metric():
+  """With a metric ordered unlike mse_clamped, the frontier follows it."""
+  other = {20: 0.3, 40: 0.2, 80: 0.1}
+  s = [{**p, "other": [other[p["strength"]]] * 8} for p in SOTERIA]
+  b = [{**p, "other": [0.02] * 8} for p in BASELINE]
+  r = ea.ratio_at_first_protective(s, b, 0.3, metric="other")
+  assert (r["baseline_strength"], r["soteria_strength"]) == (2, 20)
+  assert r["value"] == pytest.approx(0.3 / 0.02)
+
+
+def test_ratio_intervals_resample_the_recorded_seeds():
+  """Soteria's privacy: 3 seeds of 4 images, constant within a seed (0.5, 1,
+  2); the baseline's is constant 0.1. Resampling seeds, all three draws are
+  the lowest (highest) seed with probability 1/27 > 2.5 %: the interval is
+  [5, 20] (hand value), for the point's ratio and for the median. Pooled
+  images would need all 12 draws alike."""
+  s = {"strength": 60, "accuracy": [0.9] * 3,
+       "mse_clamped": [0.5] * 4 + [1.0] * 4 + [2.0] * 4,
+       "seeds": [0] * 4 + [1] * 4 + [2] * 4}
+  q = {"strength": 1, "accuracy": [0.9] * 3, "mse_clamped": [0.1] * 8}
+  out = ea.ratio_curve([s], [q])
+  [row] = out["per_point"]
+  assert row["ratio"] == pytest.approx(35.0 / 3.0)
+  assert (row["ratio_low"], row["ratio_high"]) == pytest.approx((5.0, 20.0))
+  med = out["median"]
+  assert (med["value"], med["low"], med["high"]) == pytest.approx(
+      (35.0 / 3.0, 5.0, 20.0))
+
+
+def test_accuracy_drop_counts_diverged_seeds():
+  """A seed whose defended training diverged (NaN) has no drop: left out
+  of the paired interval and counted."""
+  none = {"strength": 0, "accuracy": [0.90, 0.80, 0.85]}
+  pts = [{"strength": 50, "accuracy": [0.70, float("nan"), 0.65],
+          "ssim": [0.1]}]
+  d = ea.accuracy_drop(none, pts, 0.2)
+  assert (d["n"], d["diverged_training"]) == (2, 1)
+  assert d["mean"] == pytest.approx(0.20)

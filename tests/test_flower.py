@@ -108,12 +108,12 @@ def test_flower_rounds_match_make_round(fl):
   assert fl.array_keys(state.params) == ["head/bias", "head/kernel"]
 
 
-def _train_message(fl, params, **config):
+def _train_message(fl, params, dst_node_id=2, **config):
   from flwr.app import ConfigRecord, Message, MessageType, RecordDict  # pylint: disable=g-import-not-at-top
   return Message(RecordDict({
       "arrays": fl.to_arrays(params),
       "config": ConfigRecord({"server-round": 1, **config})}),
-                 dst_node_id=2, message_type=MessageType.TRAIN)
+                 dst_node_id=dst_node_id, message_type=MessageType.TRAIN)
 
 
 def test_defense_mod_equals_update_defense_and_composes_with_clipping(fl):
@@ -162,6 +162,38 @@ def test_defense_mod_equals_update_defense_and_composes_with_clipping(fl):
   np.testing.assert_allclose(
       np.asarray(delta["head"]["kernel"]),
       np.asarray(full["head"]["kernel"]) * clip / full_norm, atol=1e-8)
+
+
+def test_defense_mod_draws_the_clients_noise_key_and_counts_real_examples(fl):
+  """A noisy update defense in the mod draws what the client draws inside
+  (fedavg.client_keys of round - 1 and the partition id): node 3 is
+  partition 1 of 2, in round 2. Its last 2 of 5 examples are padding: the
+  reply's num-examples (Flower's weight) is 3."""
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  x, y, mask = _clients(2, 5, seed=2)
+  mask[1, 3:] = 0.0
+  load = _loader(fl, x, y, mask)
+  noise = defenses.get_defense("dp_gaussian", 0.01)
+  plain = fedavg.FedAvgConfig(local_steps=2, batch_size=5, client_lr=0.1)
+  params = model.init(jax.random.key(4))
+
+  def reply(app):
+    grid = fl.InProcessGrid(app, 2)
+    [r] = grid.send_and_receive([_train_message(
+        fl, params, dst_node_id=3, **{"server-round": 2})])
+    assert not r.has_error(), r.error
+    return (fl.from_arrays(r.content["arrays"], params),
+            dict(next(iter(r.content.metric_records.values()))))
+
+  inside, m_in = reply(fl.make_client_app(model, fedavg.FedAvgConfig(
+      local_steps=2, batch_size=5, client_lr=0.1, defense=noise,
+      defense_at="update"), load))
+  around, m_mod = reply(fl.make_client_app(
+      model, plain, load, mods=[fl.defense_mod(noise, model=model)]))
+  undefended, _ = reply(fl.make_client_app(model, plain, load))
+  assert _max_diff(inside, around) <= 1e-6
+  assert _max_diff(around, undefended) > 1e-3  # The noise is there.
+  assert m_in["num-examples"] == m_mod["num-examples"] == 3
 
 
 def test_auditing_strategy_breaks_undefended_update_not_soteria(fl, tmp_path):
@@ -309,3 +341,46 @@ def test_audit_key_is_its_own_stream(fl):
         jax.random.key(seed), len(fedavg.STREAMS)), r)) for r in range(6)}
     assert len(audit) == 24
     assert not (audit | audit_rounds) & fedavg_keys
+
+
+def test_audit_divides_the_update_by_lr_times_local_steps(fl, monkeypatch,
+                                                          tmp_path):
+  """With 3 local steps the gradient handed to the attack is
+  -delta / (lr * 3), delta the client's update (here the new global model
+  minus the old: one client); a stub attack records what it receives."""
+  from repdef_jax.attacks import base as attack_base  # pylint: disable=g-import-not-at-top
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  x, y, mask = _clients(1, 3)
+  params = model.init(jax.random.key(0))
+  seen = []
+
+  class Stub:
+
+    @staticmethod
+    def make_config(config, **overrides):
+      del config, overrides
+
+    @staticmethod
+    def fn(model, params, grads, num, key, labels=None, config=None):
+      del model, params, key, labels, config
+      seen.append(grads)
+      return attack_base.AttackResult(
+          x_rec=np.zeros((num, 28, 28, 1), np.float32),
+          labels_rec=np.zeros((num,), np.int32), loss_history=np.zeros(1),
+          final_loss=0.0, diverged=False, iterations=1)
+
+  monkeypatch.setattr(fl.attacks_lib, "get_attack", lambda name: Stub)
+  config = fedavg.FedAvgConfig(local_steps=3, batch_size=1, client_lr=0.1)
+  strategy = fl.AuditingFedAvg(
+      model, "dlg", client_lr=0.1, workdir=str(tmp_path),
+      fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=1)
+  out = {}
+  fl.run_in_process(
+      _server(fl, strategy, fl.to_arrays(params), 1, out),
+      fl.make_client_app(model, config, _loader(fl, x, y, mask)), 1)
+  [grads] = seen
+  new = fl.from_arrays(out["result"].arrays, params)
+  delta = jax.tree_util.tree_map(lambda a, b: a - b, new, params)
+  expected = jax.tree_util.tree_map(lambda d: -d / (0.1 * 3), delta)
+  assert _max_diff(delta, jax.tree_util.tree_map(jnp.zeros_like, delta)) > 0
+  assert _max_diff(grads, expected) < 1e-5

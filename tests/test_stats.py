@@ -58,6 +58,34 @@ def test_paired_difference():
     stats.paired_difference_ci([1.0], [1.0, 2.0])
 
 
+def test_paired_difference_and_mean_ci_honour_level_and_groups():
+  """Hand values: t(0.95, 2) = 2.919986 for a 90 % interval of 3 values; with
+  groups the interval is over the 3 seeds' mean differences (1, 2, 3)."""
+  d = stats.paired_difference_ci([2.0, 3.0, 4.0], [1.0, 1.0, 1.0], level=0.9)
+  assert d["mean"] == pytest.approx(2.0)
+  assert d["high"] - d["mean"] == pytest.approx(2.919986 / np.sqrt(3),
+                                                rel=1e-5)
+  assert stats.mean_ci([1.0, 2.0, 3.0], level=0.9)["high"] == pytest.approx(
+      2.0 + 2.919986 / np.sqrt(3), rel=1e-5)
+  a = [1.0, 1.1, 0.9, 2.0, 2.1, 1.9, 3.0, 3.1, 2.9]
+  g = stats.paired_difference_ci(a, [0.0] * 9, groups=[0] * 3 + [1] * 3 +
+                                 [2] * 3)
+  assert (g["groups"], g["n"]) == (3, 9)
+  assert g["high"] - g["mean"] == pytest.approx(4.302653 / np.sqrt(3),
+                                                rel=1e-5)
+
+
+def test_bootstrap_level_sets_the_quantiles():
+  """A 50 % interval is the bootstrap's quartiles: inside the 95 % one."""
+  v = np.random.default_rng(2).normal(size=40)
+  wide = stats.bootstrap_ci(v, np.mean)
+  narrow = stats.bootstrap_ci(v, np.mean, level=0.5)
+  assert wide["low"] < narrow["low"] < narrow["high"] < wide["high"]
+  # About 0.674 / 1.960 of the width, for a near-normal bootstrap mean.
+  ratio = (narrow["high"] - narrow["low"]) / (wide["high"] - wide["low"])
+  assert 0.25 < ratio < 0.45
+
+
 @pytest.mark.parametrize("low,high,target,higher,expected", [
     (170.0, 300.0, 160.0, True, "held"),
     (10.0, 150.0, 160.0, True, "did not hold"),
@@ -65,6 +93,11 @@ def test_paired_difference():
     (None, 200.0, 160.0, True, "inconclusive"),
     (0.0, 0.004, 0.01, False, "held"),
     (0.02, 0.05, 0.01, False, "did not hold"),
+    # A lower-is-better interval straddling the target (0.005 < 0.01 < 0.02).
+    (0.005, 0.02, 0.01, False, "inconclusive"),
+    # Touching the target: held from above, inconclusive from below.
+    (160.0, 300.0, 160.0, True, "held"),
+    (100.0, 160.0, 160.0, True, "inconclusive"),
 ])
 def test_verdict(low, high, target, higher, expected):
   assert stats.verdict(low, high, target, higher) == expected
@@ -106,6 +139,33 @@ def test_grouped_bootstrap_covers_when_seeds_shift_every_image():
       hits[kind] += b["low"] <= 0.0 <= b["high"]
   assert hits["pooled"] / trials < 0.6
   assert hits["grouped"] / trials > 0.75  # 5 seeds: a bootstrap undercovers
+
+
+def test_grouped_bootstrap_draws_seeds_then_images_within_them():
+  """Hand-derivable two-stage draws of 3 seeds x 2 images. Seeds constant at
+  0, 1, 2: only drawing seeds moves the mean, and all three draws are the
+  lowest (highest) seed with probability 1/27 > 2.5 %, so the interval is
+  [0, 2]. Seeds that each hold (0, 1): only drawing images within a seed
+  moves the mean (always 0.5 otherwise)."""
+  seeds = [0, 0, 1, 1, 2, 2]
+  between = stats.bootstrap_ci([0.0, 0.0, 1.0, 1.0, 2.0, 2.0], np.mean,
+                               groups=seeds)
+  assert (between["low"], between["high"]) == pytest.approx((0.0, 2.0))
+  within = stats.bootstrap_ci([0.0, 1.0] * 3, np.mean, groups=seeds)
+  assert within["low"] < 0.5 < within["high"]
+
+
+def test_ratio_ci_resamples_each_side_by_its_own_groups():
+  """Grouped side: three constant seeds, the interval spans the all-lowest
+  and all-highest draws (probability 1/27 each, as above); the other side is
+  constant. Pooled, the extremes need all 6 draws alike (p = 1/729)."""
+  seeds = [0, 0, 1, 1, 2, 2]
+  den = [1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
+  r = stats.ratio_ci([2.0] * 4, den, denominator_groups=seeds)
+  assert r["value"] == pytest.approx(2.0 / (7.0 / 3.0))
+  assert (r["low"], r["high"]) == pytest.approx((0.5, 2.0))
+  r = stats.ratio_ci(den, [2.0] * 4, numerator_groups=seeds)
+  assert (r["low"], r["high"]) == pytest.approx((0.5, 2.0))
 
 
 def test_proportion_ci_is_clopper_pearson():
