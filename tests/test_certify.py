@@ -51,6 +51,19 @@ def test_bound_exact_for_linear_feature_map():
     assert np.all(dist >= bound * (1 - 1e-5))
 
 
+def test_bound_is_zero_where_the_jacobian_is_zero_and_masks_per_image():
+  """r = 1 + relu(x): J = diag(x > 0), sigma = 1 unless every x_i <= 0."""
+  fn = lambda xi: 1.0 + jax.nn.relu(xi)
+  x = jnp.array([[-1.0, -2.0, -3.0], [1.0, -1.0, 2.0]])  # r = 1; [2, 1, 3]
+  # J = 0 for the first image: no bound (0), not r_S / 0.
+  np.testing.assert_allclose(C.certified_bound_fn(fn, x, jnp.array([1, 0, 0.])),
+                             [0.0, np.sqrt(1 + 9)], rtol=1e-6)
+  # A [B, F] keep-mask: one mask per image.
+  keep = jnp.array([[1, 1, 1], [0, 1, 1.]])
+  np.testing.assert_allclose(C.certified_bound_fn(fn, x, keep), [0.0, 2.0],
+                             rtol=1e-6)
+
+
 def test_power_iteration_matches_svd():
   model = models.get_model("mlp", (4, 4, 1), hidden=(10,))
   params = model.init(jax.random.key(0))

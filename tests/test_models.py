@@ -82,9 +82,14 @@ def test_jitted_init_equals_flax_eager_init():
 
 def test_uniform_init_is_in_range():
   model = models.get_model("lenet", init="uniform")
-  leaves = jax.tree_util.tree_leaves(model.init(jax.random.key(1)))
+  params = model.init(jax.random.key(1))
+  leaves = jax.tree_util.tree_leaves(params)
   allv = np.concatenate([np.ravel(l) for l in leaves])
   assert allv.min() >= -0.5 and allv.max() <= 0.5 and allv.std() > 0.25
+  # Every weight *and bias* of every layer (DLG), not only the kernels: the
+  # 58 biases are too few to move the pooled statistics above.
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    assert np.abs(leaf).max() <= 0.5 and np.ptp(leaf) > 0.5, path
 
 
 @pytest.mark.parametrize("name,kwargs", [("lenet", {}), ("lenet5", {}),
@@ -111,21 +116,90 @@ def test_conv_formulations_equal_xla_conv(name, kwargs, impl):
 
 @pytest.mark.parametrize("h,w,k,stride,padding", [
     (9, 7, 3, 2, 1), (10, 11, 5, 3, 2), (8, 8, 5, 2, 0), (6, 5, 3, 1, 1)])
-def test_patches_conv_equals_xla_conv_on_odd_shapes(h, w, k, stride, padding):
-  # The phase-plane slicing of _patches at sizes that the stride does not
-  # divide, value and input gradient.
+def test_patches_and_dense_conv_equal_xla_conv_on_odd_shapes(h, w, k, stride,
+                                                           padding):
+  # The phase-plane slicing of _patches and the gathered matrix of
+  # _dense_conv at sizes that the stride does not divide and on non-square
+  # images (the models only test them on square ones), value and input
+  # gradient.
   x = jax.random.normal(jax.random.key(0), (2, h, w, 3))
   kernel = jax.random.normal(jax.random.key(1), (k, k, 3, 4))
   ref = lambda x: jax.lax.conv_general_dilated(
       x, kernel, (stride, stride), [(padding, padding)] * 2,
       dimension_numbers=("NHWC", "HWIO", "NHWC"))
-  ours = lambda x: jnp.einsum("nhwk,ko->nhwo",
-                              models._patches(x, k, stride, padding),
-                              kernel.reshape(-1, 4))
-  np.testing.assert_allclose(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+  patches = lambda x: jnp.einsum("nhwk,ko->nhwo",
+                                 models._patches(x, k, stride, padding),
+                                 kernel.reshape(-1, 4))
+  dense = lambda x: models._dense_conv(x, kernel, stride, padding)
   g = jax.random.normal(jax.random.key(2), ref(x).shape)
-  np.testing.assert_allclose(jax.vjp(ours, x)[1](g)[0],
-                             jax.vjp(ref, x)[1](g)[0], rtol=1e-5, atol=1e-5)
+  for ours in (patches, dense):
+    np.testing.assert_allclose(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.vjp(ours, x)[1](g)[0],
+                               jax.vjp(ref, x)[1](g)[0], rtol=1e-5, atol=1e-5)
+
+
+def _ref_conv(x, p, stride, padding):
+  return jax.lax.conv_general_dilated(
+      x, p["kernel"], (stride, stride), [(padding, padding)] * 2,
+      dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["bias"]
+
+
+def _ref_dense(x, p):
+  return x.reshape(x.shape[0], -1) @ p["kernel"] + p["bias"]
+
+
+def _ref_pool(x, s):
+  """PyTorch's MaxPool2d(s): s x s windows, stride s, floor."""
+  n, h, w, c = x.shape
+  x = x[:, :h // s * s, :w // s * s]
+  return x.reshape(n, h // s, s, w // s, s, c).max(axis=(2, 4))
+
+
+def _reference_features(name, p, x):
+  """The module docstring's architectures, written out layer by layer."""
+  sig, relu = jax.nn.sigmoid, jax.nn.relu
+  if name == "lenet":  # conv 5x5, padding 2, strides 2, 2, 1, 1, sigmoid
+    for i, s in enumerate((2, 2, 1, 1)):
+      x = sig(_ref_conv(x, p[f"conv{i}"], s, 2))
+  elif name == "convnet64":  # conv 3x3 padding 1, ReLU, max-pool 3 after 6, 8
+    for i in range(8):
+      x = relu(_ref_conv(x, p[f"conv{i}"], 1, 1))
+      if i in (5, 7):
+        x = _ref_pool(x, 3)
+  elif name == "lenet5":  # conv 5x5, ReLU, max-pool 2 (twice), FC, FC
+    for conv in ("conv0", "conv1"):
+      x = _ref_pool(relu(_ref_conv(x, p[conv], 1, 0)), 2)
+    for fc in ("fc0", "fc1"):
+      x = relu(_ref_dense(x, p[fc]))
+  elif name == "leakage":  # conv 5x5, padding 2, sigmoid
+    x = sig(_ref_conv(x, p["conv0"], 1, 2))
+  elif name == "mlp":
+    for fc in ("fc0", "fc1"):
+      x = relu(_ref_dense(x, p[fc]))
+  return x.reshape(x.shape[0], -1)
+
+
+@pytest.mark.parametrize("name,shape,kwargs", [
+    ("lenet", (32, 32, 3), {}), ("convnet64", (32, 32, 3), {"width": 4}),
+    ("lenet5", (32, 32, 3), {}), ("leakage", (28, 28, 1), {}),
+    ("mlp", (28, 28, 1), {"hidden": (16, 8)}), ("logreg", (28, 28, 1), {})])
+def test_models_match_a_layer_by_layer_reference(name, shape, kwargs):
+  # Architecture (activations, strides, pool positions, biases) against the
+  # module docstring, written out with lax convolutions. Parameters drawn
+  # from U(-0.5, 0.5), so that every bias is nonzero (the default init
+  # zeroes them), without compiling Model.init (8 s for the ConvNet).
+  model = models.get_model(name, shape, **kwargs)
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map(
+      lambda s: jnp.asarray(rng.uniform(-0.5, 0.5, s.shape), s.dtype),
+      jax.eval_shape(model.init, jax.random.key(0)))
+  x = jax.random.uniform(jax.random.key(1), (2, *shape))
+  r, logits, ref = jax.jit(lambda p, x: (
+      model.features(p, x), model.apply(p, x),
+      _reference_features(name, p, x)))(params, x)
+  np.testing.assert_allclose(r, ref, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(logits, _ref_dense(ref, params["head"]),
+                             rtol=1e-4, atol=1e-4)
 
 
 def test_examples_are_independent():
