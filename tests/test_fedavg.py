@@ -367,3 +367,145 @@ def test_schedule_is_indexed_by_global_step(logreg):
     p = jax.tree_util.tree_map(lambda w, gw: w - sched(t) * gw, p, g)
   new, _ = round_fn(state, data, keys)
   assert _max_diff(new.params, p) < 1e-6
+
+
+def _key_bits(key):
+  return tuple(np.asarray(jax.random.key_data(key)).ravel().tolist())
+
+
+def test_key_streams_differ_by_stream_round_and_client():
+  """Every (stream, round, client) has a key of its own: a train key shared
+  by rounds would replay the same minibatches each round, a noise key shared
+  by clients (or equal to the train key) would correlate the defense noise."""
+  keys = fedavg.key_streams(11)
+  assert len({_key_bits(k) for k in keys}) == len(fedavg.STREAMS)
+  seen = set()
+  for r in range(3):
+    for c in range(3):
+      tk, nk = fedavg.client_keys(keys, jnp.int32(r), jnp.int32(c))
+      seen.update((_key_bits(tk), _key_bits(nk)))
+  assert len(seen) == 2 * 3 * 3
+
+
+def test_each_round_samples_with_its_own_key(model):
+  """Round r draws its clients with ``fold_in(sampling, r)`` (the key
+  :func:`fedavg.sample_clients` documents), so the sample changes per round."""
+  data, keys = _data(), fedavg.key_streams(12)
+  state = fedavg.init(model, CONFIGS["steps"], keys.init)
+  round_fn = _round_fn(model, "steps")
+  probs = fedavg.default_probs(data, "uniform")
+  got = []
+  for r in range(3):
+    state, m = round_fn(state, data, keys)
+    want = fedavg.sample_clients(jax.random.fold_in(keys.sampling, r), probs, 5)
+    np.testing.assert_array_equal(m["client_ids"], want)
+    got.append(tuple(np.asarray(m["client_ids"]).tolist()))
+  assert len(set(got)) > 1
+
+
+def test_batch_plan_uses_real_examples_once_per_epoch():
+  """Client 1 holds 7 real examples of 12. With local_steps every batch is B
+  distinct real examples, and the steps draw different batches; with
+  local_epochs every real example is used exactly once per epoch (padding
+  never), in a fresh order each epoch."""
+  mask = _data().mask[1]
+  key = jax.random.key(13)
+  steps = fedavg.FedAvgConfig(local_steps=6, batch_size=4)
+  idx, bm = fedavg._batch_plan(key, mask, steps)  # pylint: disable=protected-access
+  idx, bm = np.asarray(idx), np.asarray(bm)
+  assert idx.shape == (6, 4) and np.all(bm == 1.0)
+  assert all(len(set(row)) == 4 and max(row) < 7 for row in idx.tolist())
+  assert len({tuple(sorted(row)) for row in idx.tolist()}) > 1
+  epochs = fedavg.FedAvgConfig(local_epochs=3, batch_size=5)
+  idx, bm = fedavg._batch_plan(key, mask, epochs)  # pylint: disable=protected-access
+  idx, bm = np.asarray(idx), np.asarray(bm)
+  assert idx.shape == (3 * 3, 5)  # ceil(12 / 5) = 3 batches per epoch.
+  used = np.bincount(idx.ravel(), weights=bm.ravel(), minlength=12)
+  np.testing.assert_array_equal(used, [3.0] * 7 + [0.0] * 5)
+  orders = [tuple(e[m > 0].tolist()) for e, m in
+            zip(idx.reshape(3, 15), bm.reshape(3, 15))]
+  assert len(set(orders)) > 1
+
+
+def _param_noise_defense():
+  """Replaces the gradient by ``0.5 * batch.params + U(key)``: the result
+  tells which parameters and which key the defense was called with."""
+
+  def apply(grads, batch, key):
+    del grads
+    g = jax.tree_util.tree_map(
+        lambda w: 0.5 * w + jax.random.uniform(key, w.shape), batch.params)
+    return g, {"one": jnp.float32(1.0)}
+
+  return defenses_base.Defense("param_noise", apply)
+
+
+@pytest.mark.parametrize("defense_at", ["step", "update"])
+def test_defense_sees_each_step_or_the_update_by_hand(logreg, defense_at):
+  """Sun et al.'s defended FedAvg defends the gradient of every local step,
+  taken at the current local parameters, with key ``fold_in(noise, t)``;
+  'update' defends the delta once at the global parameters with the noise
+  key. Client 1 (7 of 12 examples), 2 epochs of B = 4: batches t = 0, 1, 3, 4
+  hold real examples, t = 2 and 5 only padding and are skipped. Client 4
+  (no example) sends zeros either way."""
+  lr = 0.1
+  config = fedavg.FedAvgConfig(local_epochs=2, batch_size=4, client_lr=lr,
+                               l2=0.1, defense=_param_noise_defense(),
+                               defense_at=defense_at)
+  data, keys = _data(), fedavg.key_streams(14)
+  params = logreg.init(keys.init)
+  tk, nk = fedavg.client_keys(keys, jnp.int32(0), jnp.int32(1))
+  update = jax.jit(lambda c, t, n: fedavg.client_update(
+      logreg, config, params, data.x[c], data.y[c], data.mask[c], t, n))
+  delta, info = update(1, tk, nk)
+  noise = lambda key: jax.tree_util.tree_map(
+      lambda w: np.asarray(jax.random.uniform(key, w.shape)), params)
+  p0 = jax.tree_util.tree_map(np.asarray, params)
+  if defense_at == "step":
+    p = p0
+    for t in (0, 1, 3, 4):
+      u = noise(jax.random.fold_in(nk, t))
+      p = jax.tree_util.tree_map(lambda w, ui: w - lr * (0.5 * w + ui), p, u)
+    want = jax.tree_util.tree_map(lambda a, b: a - b, p, p0)
+    assert float(info["defense/one"]) == pytest.approx(1.0)
+  else:
+    want = jax.tree_util.tree_map(lambda w, ui: 0.5 * w + ui, p0, noise(nk))
+  assert int(info["steps"]) == 4
+  assert _max_diff(delta, want) < 1e-6
+  empty, info = update(4, *fedavg.client_keys(keys, jnp.int32(0),
+                                              jnp.int32(4)))
+  assert int(info["steps"]) == 0
+  assert _max_diff(empty, jax.tree_util.tree_map(np.zeros_like, p0)) == 0.0
+
+
+def _np_cross_entropy(logits, y):
+  logits = np.asarray(logits, np.float64)
+  logp = logits - logits.max(-1, keepdims=True)
+  logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+  return -logp[np.arange(len(y)), np.asarray(y)]
+
+
+def test_evaluate_and_global_loss_count_real_examples_only(logreg):
+  """Test accuracy and loss average over the real test examples, not the
+  batch padding; the federated objective is the mean loss over every real
+  example of every client (not per client, not over padded slots) plus
+  l2 / 2 ||w||^2."""
+  data = _data()
+  params = jax.tree_util.tree_map(lambda p: p + 0.3,
+                                  logreg.init(jax.random.key(15)))
+  x = np.asarray(data.x[0, :7])
+  logits = np.asarray(logreg.apply(params, jnp.asarray(x)))
+  y = np.argmax(logits, -1)
+  y[4:] = (y[4:] + 1) % 4  # 4 of 7 right.
+  got = fedavg.evaluate(logreg, params, fedavg.make_eval_data(x, y, 3))
+  assert float(got["test_accuracy"]) == pytest.approx(4 / 7, rel=1e-6)
+  assert float(got["test_loss"]) == pytest.approx(
+      _np_cross_entropy(logits, y).mean(), rel=1e-5)
+  mask = np.asarray(data.mask) > 0
+  xs, ys = np.asarray(data.x)[mask], np.asarray(data.y)[mask]
+  losses = _np_cross_entropy(logreg.apply(params, jnp.asarray(xs)), ys)
+  sq = sum(float(np.sum(np.asarray(w, np.float64) ** 2))
+           for w in jax.tree_util.tree_leaves(params))
+  want = losses.sum() / 46 + 0.5 * 0.2 * sq  # 12 + 7 + 12 + 3 + 0 + 12.
+  assert float(fedavg.global_loss(logreg, params, data, 0.2, chunk=4)) == (
+      pytest.approx(want, rel=1e-5))

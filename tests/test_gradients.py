@@ -139,3 +139,17 @@ def test_grad_checks_name_the_problem(setup):
     gradients.check_finite(nan)
   with pytest.raises(ValueError, match="integer class ids"):
     gradients.cross_entropy(jnp.zeros((2, 3)), jnp.zeros((2,)))
+
+
+def test_label_out_of_range_is_nan_and_empty_mask_is_zero(setup):
+  """Labels K and -1 (just outside [0, K)) give NaN, K - 1 a finite loss; a
+  batch with no real example has loss 0 and a zero (finite) gradient."""
+  logits = jnp.array([[1.0, 2.0, 0.5]] * 4)
+  loss = np.asarray(gradients.cross_entropy(logits, jnp.array([3, -1, 2, 0])))
+  assert np.isnan(loss[:2]).all() and np.isfinite(loss[2:]).all()
+  model, params, x, y = setup
+  none = jnp.zeros(5)
+  assert float(gradients.batch_loss(model, params, x, y, none)) == 0.0
+  g = gradients.batch_grad(model, params, x, y, none)
+  assert all(np.all(np.asarray(leaf) == 0.0)
+             for leaf in jax.tree_util.tree_leaves(g))
