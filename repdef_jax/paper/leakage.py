@@ -506,22 +506,17 @@ def claims(inference: dict[str, Any] | None,
   return rows
 
 
-def _fmt_share(p: dict[str, Any] | None) -> str:
-  """A proportion ``value [low, high]`` (n/a when absent)."""
-  return "n/a" if not p else report_lib.fmt_interval(p["value"], p["low"],
-                                                     p["high"])
-
-
 def tables(inference: dict[str, Any],
            reconstruction: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
   """Correlation per layer, class detection per rule and reconstruction per
   setting and source (report tables)."""
+  share = report_lib.fmt_value_interval  # A proportion with its interval.
   out = [{"title": "Inferred vs true class representation (Pearson), over "
                    "(device, class) samples x seeds",
           "header": ["entering layer", "mean [95 %]", "median", "min",
                      "share > 0.8 [95 %]", "samples"],
           "rows": [[layer, batched.interval(c), c["median"], c["min"],
-                    _fmt_share(c["share_above_0.8"]), c["n"]]
+                    share(c["share_above_0.8"]), c["n"]]
                    for layer, c in inference["correlation"].items()]}]
   if inference.get("specificity"):
     out.append({"title": "Specificity: corr(inferred, own class) - "
@@ -531,7 +526,7 @@ def tables(inference: dict[str, Any],
                            "other-class correlation", "closer to own [95 %]",
                            "samples"],
                 "rows": [[layer, batched.interval(c), c.get("other_mean"),
-                          _fmt_share(c.get("share_own_higher")), c["n"]]
+                          share(c.get("share_own_higher")), c["n"]]
                          for layer, c in inference["specificity"].items()]})
   out.append({"title": "Class detection: exact set of a device's classes, "
                        "mean over seeds",

@@ -137,8 +137,7 @@ def _provenance(result: dict[str, Any]) -> list[str]:
 
 def render(result: dict[str, Any], reference_dir: str) -> str:
   """REPLICATION.md: the rule, the counts and one row per claim."""
-  iv = lambda c: ("n/a" if c is None else report.fmt_interval(  # noqa: E731
-      c.get("value"), c.get("low"), c.get("high")))
+  iv = report.fmt_value_interval
   lines = [
       "# Replication on unseen seeds and images", "",
       f"Reference: `{reference_dir}`. Rule (docs/evaluation.md, "

@@ -78,6 +78,14 @@ def fmt_interval(value: Any, low: Any, high: Any) -> str:
   return f"{fmt(value)} [{fmt(low)}, {fmt(high)}]"
 
 
+def fmt_value_interval(c: dict[str, Any] | None) -> str:
+  """A ``{'value', 'low', 'high'}`` dict (a proportion, a claim) as
+  ``value [low, high]``; n/a when it is None or empty."""
+  if not c:
+    return "n/a"
+  return fmt_interval(c.get("value"), c.get("low"), c.get("high"))
+
+
 def table(header: list[str], rows: list[list[Any]]) -> list[str]:
   """A markdown table (cells formatted with :func:`fmt`)."""
   esc = lambda c: fmt(c).replace("|", "\\|")  # noqa: E731
@@ -96,7 +104,7 @@ def claims_table(claims: list[dict[str, Any]], *,
   rows = []
   for c in claims:
     row = [c["claim"], c["paper"],
-           fmt_interval(c["value"], c["low"], c["high"])]
+           fmt_value_interval(c)]
     row += [c["statistic"]] if with_statistic else []
     rows.append(row + [c["verdict"]])
   return table(header, rows)

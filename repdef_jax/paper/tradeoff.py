@@ -42,7 +42,6 @@ from repdef_jax.paper import batched
 from repdef_jax.paper import cost
 from repdef_jax.paper import equal_accuracy
 from repdef_jax.paper import harness
-from repdef_jax.paper import report as report_lib
 from repdef_jax.paper import stats
 from repdef_jax.paper import sweep
 
@@ -563,8 +562,7 @@ def tables(panels: dict[str, Any], success_ssim: float
       best = p["per_attack"]["best"]
       a = p["accuracy_summary"]
       rows.append([p["defense"], p["strength"],
-                   report_lib.fmt_interval(a["mean"], a["low"], a["high"]),
-                   iv(best["mse_clamped"]), iv(best["ssim"]),
+                   iv(a), iv(best["mse_clamped"]), iv(best["ssim"]),
                    best["mse"]["median"], best["success_rate"],
                    f"{best['diverged']}/{p['images']}"])
       per_attack.append([p["defense"], p["strength"]] + [
