@@ -18,9 +18,10 @@ os.environ.setdefault("REPDEF_JAX_OFFLINE", "1")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _RUN_DIR = tempfile.mkdtemp(prefix="repdef_jax_tests_")
   atexit.register(shutil.rmtree, _RUN_DIR, ignore_errors=True)
-  os.makedirs(os.path.join(_RUN_DIR, "xla"))
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_RUN_DIR, "xla")
-  os.environ["REPDEF_JAX_COMPILATION_CACHE"] = os.path.join(_RUN_DIR, "xla")
+  _XLA_DIR = os.path.join(_RUN_DIR, "xla")
+  os.makedirs(_XLA_DIR)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_DIR
+  os.environ["REPDEF_JAX_COMPILATION_CACHE"] = _XLA_DIR
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.1"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
   os.environ.setdefault("REPDEF_JAX_CACHE", os.path.join(_RUN_DIR, "data"))
