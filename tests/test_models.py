@@ -114,6 +114,12 @@ def test_conv_formulations_equal_xla_conv(name, kwargs, impl):
       f(m1), f(m2))
 
 
+def _ref_conv(x, p, stride, padding):
+  return jax.lax.conv_general_dilated(
+      x, p["kernel"], (stride, stride), [(padding, padding)] * 2,
+      dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["bias"]
+
+
 @pytest.mark.parametrize("h,w,k,stride,padding", [
     (9, 7, 3, 2, 1), (10, 11, 5, 3, 2), (8, 8, 5, 2, 0), (6, 5, 3, 1, 1)])
 def test_patches_and_dense_conv_equal_xla_conv_on_odd_shapes(h, w, k, stride,
@@ -124,9 +130,8 @@ def test_patches_and_dense_conv_equal_xla_conv_on_odd_shapes(h, w, k, stride,
   # gradient.
   x = jax.random.normal(jax.random.key(0), (2, h, w, 3))
   kernel = jax.random.normal(jax.random.key(1), (k, k, 3, 4))
-  ref = lambda x: jax.lax.conv_general_dilated(
-      x, kernel, (stride, stride), [(padding, padding)] * 2,
-      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  ref = lambda x: _ref_conv(x, {"kernel": kernel, "bias": 0.0}, stride,
+                            padding)
   patches = lambda x: jnp.einsum("nhwk,ko->nhwo",
                                  models._patches(x, k, stride, padding),
                                  kernel.reshape(-1, 4))
@@ -136,12 +141,6 @@ def test_patches_and_dense_conv_equal_xla_conv_on_odd_shapes(h, w, k, stride,
     np.testing.assert_allclose(ours(x), ref(x), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(jax.vjp(ours, x)[1](g)[0],
                                jax.vjp(ref, x)[1](g)[0], rtol=1e-5, atol=1e-5)
-
-
-def _ref_conv(x, p, stride, padding):
-  return jax.lax.conv_general_dilated(
-      x, p["kernel"], (stride, stride), [(padding, padding)] * 2,
-      dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["bias"]
 
 
 def _ref_dense(x, p):
