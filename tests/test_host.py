@@ -16,11 +16,18 @@ _PROBE = ("import json, jax, repdef_jax; from repdef_jax import fedavg; "
           "[jax.device_count(), None if m is None else m.size]))")
 
 
-def _probe(**env_vars):
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("XLA_FLAGS", host.ENV)}
+def _env(**env_vars):
+  """This environment without a CPU device count (the XLA flag or
+  host.ENV; other XLA flags kept), updated with ``env_vars``."""
+  env = {k: v for k, v in os.environ.items() if k != host.ENV}
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                              if "device_count" not in f)
   env.update(JAX_PLATFORMS="cpu", **env_vars)
-  out = subprocess.run([sys.executable, "-c", _PROBE], env=env,
+  return env
+
+
+def _probe(**env_vars):
+  out = subprocess.run([sys.executable, "-c", _PROBE], env=_env(**env_vars),
                        capture_output=True, text=True, timeout=120,
                        check=False)
   assert out.returncode == 0, out.stderr[-2000:]
@@ -69,11 +76,8 @@ def test_client_mesh_resolution():
 def test_two_devices_equal_one_device():
   """Auto client mesh and sharded attack batches (tests/host_check.py,
   with REPDEF_JAX_CPU_DEVICES=2) against one device."""
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("XLA_FLAGS", host.ENV)}
-  env.update(JAX_PLATFORMS="cpu", **{host.ENV: "2"})
   script = os.path.join(os.path.dirname(__file__), "host_check.py")
-  out = subprocess.run([sys.executable, script], env=env,
+  out = subprocess.run([sys.executable, script], env=_env(**{host.ENV: "2"}),
                        capture_output=True, text=True, timeout=600,
                        check=False)
   assert out.returncode == 0, out.stderr[-3000:]
