@@ -22,14 +22,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.makedirs(_XLA_DIR)
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_DIR
   os.environ["REPDEF_JAX_COMPILATION_CACHE"] = _XLA_DIR
-  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.1"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
   os.environ.setdefault("REPDEF_JAX_CACHE", os.path.join(_RUN_DIR, "data"))
 
 # XLA compiles at optimisation level 1 here, not its default 3: compilation
-# is most of the suite's time, and level 1 cuts it by about a third with the
-# same test outcomes (docs/design.md, "Test suite time"). A level already in
-# XLA_FLAGS is kept; subprocesses inherit the setting.
+# is most of the suite's time, and level 1 takes a fifth off the suite with
+# the same outcomes (README.md, "Tests"). A level already in XLA_FLAGS is
+# kept; subprocesses inherit the setting.
 _LEVEL = "--xla_backend_optimization_level"
 if _LEVEL not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = " ".join(
