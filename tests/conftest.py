@@ -1,4 +1,5 @@
-"""Shared pytest setup: CPU, small default precision, quiet logs."""
+"""Shared pytest setup: CPU, quiet logs, cheaper compilation (a per-run
+cache, XLA optimisation level 1) and the tfds mock-data fixture."""
 
 import atexit
 import os
