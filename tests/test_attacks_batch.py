@@ -41,6 +41,14 @@ def test_best_restart_prefers_finite_and_not_diverged():
                    [False, False, False, False],
                    [True, True, True, True]])
   np.testing.assert_array_equal(base.best_restart(losses, bad), [3, 1, 1])
+  # Every restart bad and a NaN among them: the lowest *finite* loss wins
+  # (not the NaN, which a plain argmin would pick). A restart not flagged
+  # bad but with a NaN loss is no good one: the lowest finite loss wins.
+  losses = jnp.array([[jnp.nan, 0.7, 0.5, jnp.inf],
+                      [0.4, jnp.nan, 0.2, 0.9]])
+  bad = jnp.array([[True, True, True, True],
+                   [True, False, True, True]])
+  np.testing.assert_array_equal(base.best_restart(losses, bad), [2, 2])
 
 
 @pytest.mark.parametrize("name,overrides", [
@@ -98,6 +106,11 @@ def test_line_search_converges_where_plain_lbfgs_diverges(setup):
   cfg = dict(outer_steps=10, inner_steps=10)
   plain = attack(model, params, g, 1, key, **cfg)
   assert bool(plain.diverged)
+  # It stopped early; the outer steps after the stop repeat the final loss.
+  stop = int(plain.iterations) // cfg["inner_steps"] + 1
+  assert stop < cfg["outer_steps"]
+  np.testing.assert_allclose(plain.loss_history[stop:], plain.final_loss,
+                             rtol=1e-6)
   ls = attack(model, params, g, 1, key, optimizer="linesearch", **cfg)
   assert not bool(ls.diverged)
   hist = np.asarray(ls.loss_history)
@@ -164,6 +177,9 @@ def test_run_batch_checks_its_inputs(setup):
                      r"of shape \[3, 1\]"):
     attacks.run_batch("gs", model, params, grads, 1, keys,
                       labels=jnp.zeros((3,), jnp.int32))
+  with pytest.raises(ValueError, match=r"labels must lie in \[0, 4\)"):
+    attacks.run_batch("gs", model, params, grads, 1, keys,
+                      labels=jnp.array([[0], [4], [1]]))
   nan = jax.tree_util.tree_map(lambda t: t.at[2].set(jnp.nan), grads)
   with pytest.raises(ValueError, match="shared_batch holds NaN"):
     attacks.run_batch("dlg", model, params, nan, 1, keys)

@@ -142,17 +142,23 @@ def test_main_job_records_failing_image_and_goes_on(mock_env, monkeypatch):
   real = attack_main.attack_image
   seen = []
 
+  workdir = str(mock_env / "f")
+  on_disk = []
+
   def failing_first(*args, **kwargs):
     seen.append(1)
     if len(seen) == 1:
       raise ValueError("shared_grads holds NaN or inf at ['head']['kernel'].")
+    on_disk.append(_read(workdir)["images"])  # What a kill now would keep.
     return real(*args, **kwargs)
 
   monkeypatch.setattr(attack_main, "attack_image", failing_first)
-  res = attack_main.run({**MAIN, "num_images": 2}, str(mock_env / "f"),
-                        verbose=False)
+  res = attack_main.run({**MAIN, "num_images": 2}, workdir, verbose=False)
   assert len(res["images"]) == 2
   assert "error" in res["images"][0]
+  # The error entry is a finished item: on disk before the next image starts.
+  assert on_disk == [res["images"][:1]]
+  assert _read(workdir)["images"] == res["images"]
 
 
 # --------------------------------------------------------------------------
@@ -229,7 +235,17 @@ def test_training_killed_twice_including_during_resume(mock_env,
   assert not _temp_files(workdir)
   assert [r["round"] for r in training.read_metrics(str(workdir))] == [1, 2, 3]
 
+  # The last start resumes from the round-2 checkpoint: it runs (and
+  # appends) rounds 3 and 4 only.
+  appended = []
+
+  def recording_append(path, record):
+    appended.append(record["round"])
+    real_append(path, record)
+
+  monkeypatch.setattr(training, "_append_line", recording_append)
   _train(_config(), workdir, data_dir)
+  assert appended == [3, 4]
   assert not _temp_files(workdir)
   assert _files(workdir) == reference
 
@@ -265,6 +281,34 @@ def test_training_nan_is_detected_and_run_stops_cleanly(mock_env,
   out = _train(_config(), mock_env / "nan", mock_env / "data")
   assert out.get("diverged_at_round") is not None
   assert out["metrics"][-1].get("finite") is False
+
+
+def test_training_stops_at_non_finite_params_keeps_finite_checkpoint(
+    mock_env):
+  """Parameters that overflow while the loss is still finite stop the run.
+
+  With one local step and l2 = 1e30, logreg (zero logits at init: round 1's
+  loss is ln 10) takes an ordinary first step; round 2's step scales the
+  weights by about -l2 * lr = -1e29 (still finite), and round 3's step
+  overflows them to inf while its loss, taken before the step, is finite.
+  Round 3 must be flagged non-finite from the parameters alone, the run
+  stops there, and the latest checkpoint is round 2's finite one (none of
+  the diverged round).
+  """
+  workdir = mock_env / "blowup"
+  out = _train(_config(local_steps=1, l2=1e30, checkpoint_every=1), workdir,
+               mock_env / "data")
+  *before, last = out["metrics"]
+  assert out["diverged_at_round"] == last["round"] == 3
+  assert np.isfinite(last["train_loss"])  # The loss alone would miss it.
+  assert last["finite"] is False
+  assert [r["finite"] for r in before] == [True, True]
+  assert not all(np.all(np.isfinite(leaf)) for leaf in
+                 jax.tree_util.tree_leaves(out["state"].params))
+  checkpoint = training.load_checkpoint(str(workdir))
+  assert int(checkpoint["round"]) == 2
+  assert all(np.all(np.isfinite(leaf)) for leaf in
+             jax.tree_util.tree_leaves(checkpoint["params"]))
 
 
 # --------------------------------------------------------------------------

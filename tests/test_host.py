@@ -16,10 +16,16 @@ _PROBE = ("import json, jax, repdef_jax; from repdef_jax import fedavg; "
           "[jax.device_count(), None if m is None else m.size]))")
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _env(**env_vars):
   """This environment without a CPU device count (the XLA flag or
-  host.ENV; other XLA flags kept), updated with ``env_vars``."""
+  host.ENV; other XLA flags kept), importing this checkout's repdef_jax
+  (not whichever one the venv installed), updated with ``env_vars``."""
   env = {k: v for k, v in os.environ.items() if k != host.ENV}
+  env["PYTHONPATH"] = os.pathsep.join(
+      filter(None, [_ROOT, env.get("PYTHONPATH")]))
   env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                               if "device_count" not in f)
   env.update(JAX_PLATFORMS="cpu", **env_vars)

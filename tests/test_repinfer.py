@@ -200,6 +200,37 @@ def test_jit_equals_eager(client):
                              rtol=1e-5, atol=1e-7)
 
 
+def test_class_means_are_per_class_averages(client):
+  """The ground truth: each class's mean of the FC inputs, computed here one
+  class at a time; an absent class has count 0 and a zero mean."""
+  model, params, x, y = (client[k] for k in ("model", "params", "x", "y"))
+  counts, means = repinfer.class_mean_representations(model, params, x, y)
+  reps = repinfer.fc_inputs(model, params, x)
+  y = np.asarray(y)
+  np.testing.assert_array_equal(counts, np.bincount(y, minlength=10))
+  for layer, r in reps.items():
+    for c in range(10):
+      want = (np.mean(np.asarray(r)[y == c], axis=0) if c in CLASSES
+              else np.zeros(r.shape[1]))
+      np.testing.assert_allclose(means[layer][c], want, rtol=1e-5,
+                                 atol=1e-6, err_msg=f"{layer} {c}")
+
+
+def test_infer_all_passes_its_options_down(client):
+  """normalize=False and an M wider than fc1 (84 < 100 <= 120 columns)
+  reach every layer: the chain of eager Algorithm 4 calls, M clipped to
+  each layer's width."""
+  model, update = client["model"], client["update"]
+  _, reps = repinfer.infer_all_representations(model, update, M=100,
+                                               normalize=False)
+  r = repinfer.infer_last_representation(update["head"], CLASSES[0])
+  for layer, m in (("fc1", 84), ("fc0", 100)):
+    r = repinfer.infer_previous_representation(update[layer], r, M=m,
+                                               normalize=False)
+    np.testing.assert_allclose(reps[layer][CLASSES[0]], r, rtol=1e-5,
+                               atol=1e-7, err_msg=layer)
+
+
 def test_bad_inputs(client):
   model, update = client["model"], client["update"]
   with pytest.raises(ValueError, match="update_tree"):
@@ -261,6 +292,28 @@ def test_reconstruct_reports_a_non_finite_objective(small_leak):
   _, losses = repinfer.reconstruct(model, params, r, (8, 8, 3),
                                    jax.random.key(0), steps=3)
   assert not np.isfinite(np.asarray(losses)[-1])
+
+
+def test_reconstruct_losses_start_at_the_initial_image_and_stop_relative(
+    small_leak):
+  """``losses[0]`` is the objective at ``sigmoid(N(0, 1))`` drawn from the
+  key; the loop stops at the first loss at most ``rtol`` times the initial
+  one (relative, not absolute: 0.3 x ~4 here) and repeats it."""
+  model, params, x, _ = small_leak
+  r = model.features(params, x[:1])[0]
+  key, rtol = jax.random.key(0), 0.3
+  _, losses = repinfer.reconstruct(model, params, r, (8, 8, 3), key,
+                                   steps=12, rtol=rtol)
+  losses = losses_finite(losses)
+  x0 = jax.nn.sigmoid(jax.random.normal(key, (1, 8, 8, 3)))
+  v0 = float(jnp.sum((model.features(params, x0)[0] - r) ** 2))
+  np.testing.assert_allclose(losses[0], v0, rtol=1e-5)
+  assert v0 > 1.0  # rtol * v0 and rtol differ
+  below = np.flatnonzero(losses <= rtol * v0)
+  assert below.size and below[0] < len(losses) - 1
+  stop = below[0]
+  assert losses[stop] > rtol  # an absolute tolerance would go on
+  np.testing.assert_array_equal(losses[stop:], losses[stop])
 
 
 def test_reconstruct_from_representation_leakage_model():
