@@ -119,3 +119,31 @@ def test_empirical_bound_is_a_first_order_lower_bound():
 
   np.testing.assert_allclose(emp(top), step, rtol=1e-2)
   assert emp(other) < 0.9 * step
+
+
+def test_empirical_bound_divides_by_the_jacobian_at_the_true_image():
+  """For a far reconstruction X' (another ReLU pattern, so J(X') != J(X)),
+  the bound is ||f(X) - f(X')|| / sigma_max(J(X)), per image, not
+  sigma_max(J(X'))."""
+  model = models.get_model("mlp", (4, 4, 1), hidden=(10,))
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (2, 4, 4, 1))
+  x_rec = x[::-1] - 1.0  # other image, shifted: a different linear region
+  fn = model.feature_fn(params)
+
+  def sigma(xi):
+    return np.linalg.svd(np.asarray(jax.jacobian(fn)(xi)).reshape(10, -1),
+                         compute_uv=False)[0]
+
+  want = [np.linalg.norm(np.asarray(fn(x[i]) - fn(x_rec[i]))) / sigma(x[i])
+          for i in range(2)]
+  assert not np.allclose([sigma(x[i]) for i in range(2)],
+                         [sigma(x_rec[i]) for i in range(2)], rtol=1e-2)
+  np.testing.assert_allclose(C.empirical_bound(model, params, x, x_rec), want,
+                             rtol=1e-5)
+
+
+def test_input_distance_is_per_image():
+  x = jnp.zeros((2, 2, 2, 1))
+  x_rec = x.at[0, 0, 0, 0].set(3.0).at[1].set(1.0)  # image 1: 4 pixels of 1
+  np.testing.assert_allclose(C.input_distance(x, x_rec), [3.0, 2.0])

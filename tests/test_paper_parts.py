@@ -90,16 +90,19 @@ def test_repinfer_claims_follow_rules():
 # Certified bound.
 
 
-def _cert_cells(distances, bounds, ssim0):
+def _cert_cells(distances, bounds, ssim0, diverged0=None, diverged=None):
   """Cells of one seed: rate 0 with the given undefended SSIMs, rate 50 with
-  the given distances and bounds (one attack 'gs')."""
-  def image(d, b, s):
+  the given distances and bounds (one attack 'gs'); ``diverged0`` and
+  ``diverged`` flag the attack's runs at rate 0 and 50 (default: none)."""
+  none = (False,) * len(ssim0)
+  def image(d, b, s, div):
     return {"certified_bound": b, "pruned_fraction": 0.5,
             "attacks": {"gs": {"distance": d, "empirical_bound": 0.0,
-                               "ssim": s, "diverged": False}}}
-  return {(0, 0.0): {"images": [image(0.0, 0.0, s) for s in ssim0]},
-          (0, 50.0): {"images": [image(d, b, 0.0)
-                                 for d, b in zip(distances, bounds)]}}
+                               "ssim": s, "diverged": div}}}
+  return {(0, 0.0): {"images": [image(0.0, 0.0, s, v) for s, v in zip(
+              ssim0, diverged0 or none)]},
+          (0, 50.0): {"images": [image(d, b, 0.0, v) for d, b, v in zip(
+              distances, bounds, diverged or none)]}}
 
 
 def _cert_config():
@@ -122,6 +125,27 @@ def test_certified_claim_counts_only_attacks_that_work(distances, ssim0,
   panel = theorem1.analyse_panel(config, "p", _cert_cells(
       distances, (1.0, 1.0), ssim0))
   assert panel["bound_holds"]["gs"]["pairs"] == pairs
+  (row,) = theorem1.claims(config, {"p": panel})
+  assert row["verdict"] == expected
+
+
+@pytest.mark.parametrize("distances, ssim0, diverged0, diverged, expected, "
+                         "pairs, diverged_pairs", [
+    # At the bound is at or above it; an SSIM at the threshold is a success.
+    ((1.0, 2.0), (0.9, 0.6), None, None, "held", 2, 0),
+    ((2.0, 0.5), (0.9, 0.6), None, None, "did not hold", 2, 0),
+    # A run that diverged under the defense is not a pair (counted apart).
+    ((2.0, 0.5), (0.9, 0.9), None, (False, True), "held", 1, 1),
+    # Nor is an image whose undefended run diverged, whatever its SSIM.
+    ((2.0, 0.5), (0.9, 0.9), (False, True), None, "held", 1, 0),
+])
+def test_certified_claim_boundaries_and_diverged_runs(
+    distances, ssim0, diverged0, diverged, expected, pairs, diverged_pairs):
+  config = _cert_config()
+  panel = theorem1.analyse_panel(config, "p", _cert_cells(
+      distances, (1.0, 1.0), ssim0, diverged0, diverged))
+  holds = panel["bound_holds"]["gs"]
+  assert (holds["pairs"], holds["diverged_pairs"]) == (pairs, diverged_pairs)
   (row,) = theorem1.claims(config, {"p": panel})
   assert row["verdict"] == expected
 
