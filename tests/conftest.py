@@ -52,3 +52,25 @@ def mock_env(request, tmp_path, monkeypatch):
       num_examples=getattr(request.module, "NUM_MOCK", 120)):
     yield tmp_path
   data.clear_cache()
+
+
+@pytest.fixture()
+def child_env():
+  """``make(**env_vars)``: this environment for a child Python process on
+  the CPU, with this checkout's repdef_jax first on ``PYTHONPATH`` (not
+  whichever one the venv installed) and no CPU device count (neither the
+  XLA flag nor ``REPDEF_JAX_CPU_DEVICES``; other XLA flags kept), updated
+  with ``env_vars``."""
+  from repdef_jax import host  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+  def make(**env_vars):
+    env = {k: v for k, v in os.environ.items() if k != host.ENV}
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [root, env.get("PYTHONPATH")]))
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "device_count" not in f)
+    env.update(JAX_PLATFORMS="cpu", **env_vars)
+    return env
+
+  return make

@@ -49,11 +49,8 @@ def _finish(procs, timeout=600):
   return outs
 
 
-def _env(tmp_path):
-  env = dict(os.environ)
-  env["REPDEF_JAX_CACHE"] = str(tmp_path / "data_cache")
-  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                              if "device_count" not in f)
+def _env(child_env, tmp_path):
+  env = child_env(REPDEF_JAX_CACHE=str(tmp_path / "data_cache"))
   env.pop("TFDS_DATA_DIR", None)
   return env
 
@@ -67,8 +64,9 @@ def _leaves(workdir, step=None):
   return jax.tree_util.tree_leaves(training.load_checkpoint(str(workdir), step))
 
 
-def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
-  env = _env(tmp_path)
+def test_two_processes_equal_one_process_with_eight_devices(child_env,
+                                                            tmp_path):
+  env = _env(child_env, tmp_path)
   two = _start(tmp_path / "two", 2, env)
   one = _start(tmp_path / "one", 1, env)
   outs = _finish(two + one)
@@ -93,8 +91,9 @@ def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_killed_mid_run_resume_to_the_same_result(tmp_path):
-  env = _env(tmp_path)
+def test_two_processes_killed_mid_run_resume_to_the_same_result(
+    child_env, tmp_path):
+  env = _env(child_env, tmp_path)
   _finish(_start(tmp_path / "ref", 2, env))
   workdir = tmp_path / "run"
   procs = _start(workdir, 2, env, pace=0.5)

@@ -10,15 +10,9 @@ import subprocess
 import sys
 
 
-def test_sharded_round_equals_one_device():
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=8")
-  env["JAX_PLATFORMS"] = "cpu"
-  # This checkout's repdef_jax, not whichever one the venv installed.
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [
-      os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-      env.get("PYTHONPATH")]))
+def test_sharded_round_equals_one_device(child_env):
+  env = child_env()
+  env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
   script = os.path.join(os.path.dirname(__file__), "fedavg_sharding_check.py")
   proc = subprocess.run([sys.executable, script], env=env, capture_output=True,
                         text=True, timeout=300, check=False)

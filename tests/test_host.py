@@ -16,41 +16,27 @@ _PROBE = ("import json, jax, repdef_jax; from repdef_jax import fedavg; "
           "[jax.device_count(), None if m is None else m.size]))")
 
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _env(**env_vars):
-  """This environment without a CPU device count (the XLA flag or
-  host.ENV; other XLA flags kept), importing this checkout's repdef_jax
-  (not whichever one the venv installed), updated with ``env_vars``."""
-  env = {k: v for k, v in os.environ.items() if k != host.ENV}
-  env["PYTHONPATH"] = os.pathsep.join(
-      filter(None, [_ROOT, env.get("PYTHONPATH")]))
-  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                              if "device_count" not in f)
-  env.update(JAX_PLATFORMS="cpu", **env_vars)
-  return env
-
-
-def _probe(**env_vars):
-  out = subprocess.run([sys.executable, "-c", _PROBE], env=_env(**env_vars),
+def _probe(child_env, **env_vars):
+  out = subprocess.run([sys.executable, "-c", _PROBE],
+                       env=child_env(**env_vars),
                        capture_output=True, text=True, timeout=120,
                        check=False)
   assert out.returncode == 0, out.stderr[-2000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_cpu_devices_on_request_give_a_client_mesh():
-  assert _probe(**{host.ENV: "3"}) == [3, 3]
+def test_cpu_devices_on_request_give_a_client_mesh(child_env):
+  assert _probe(child_env, **{host.ENV: "3"}) == [3, 3]
   cores = host.usable_cores()
-  assert _probe(**{host.ENV: "0"}) == [cores,
-                                        None if cores < 2 else min(cores, 10)]
+  assert _probe(child_env, **{host.ENV: "0"}) == [
+      cores, None if cores < 2 else min(cores, 10)]
 
 
-def test_one_device_by_default_and_user_settings_kept():
-  assert _probe() == [1, None]
-  assert _probe(**{host.ENV: "1"}) == [1, None]
-  assert _probe(XLA_FLAGS="--xla_force_host_platform_device_count=4") == [
+def test_one_device_by_default_and_user_settings_kept(child_env):
+  assert _probe(child_env) == [1, None]
+  assert _probe(child_env, **{host.ENV: "1"}) == [1, None]
+  assert _probe(
+      child_env, XLA_FLAGS="--xla_force_host_platform_device_count=4") == [
       4, 4]
 
 
@@ -79,11 +65,12 @@ def test_client_mesh_resolution():
     fedavg.client_mesh("all", 10)
 
 
-def test_two_devices_equal_one_device():
+def test_two_devices_equal_one_device(child_env):
   """Auto client mesh and sharded attack batches (tests/host_check.py,
   with REPDEF_JAX_CPU_DEVICES=2) against one device."""
   script = os.path.join(os.path.dirname(__file__), "host_check.py")
-  out = subprocess.run([sys.executable, script], env=_env(**{host.ENV: "2"}),
+  out = subprocess.run([sys.executable, script],
+                       env=child_env(**{host.ENV: "2"}),
                        capture_output=True, text=True, timeout=600,
                        check=False)
   assert out.returncode == 0, out.stderr[-3000:]
