@@ -30,11 +30,17 @@ from __future__ import annotations
 from typing import Any
 
 import dm_pix as pix
+import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import optimize
 
 PIXEL_SPACE = "[0,1]"
+
+# dm_pix's metrics as one program per shape: run eagerly, SSIM dispatches
+# about 20 operations, each compiled on its own for every new image shape.
+_psnr = jax.jit(pix.psnr)
+_ssim = jax.jit(pix.ssim, static_argnames=("max_val", "filter_size"))
 
 
 def _as4d(x, name: str = "x"):
@@ -98,7 +104,7 @@ def psnr(x_rec: Any, x_true: Any) -> np.ndarray:
   x_rec, x_true = _check_same_shape(x_rec, x_true)
   a = jnp.asarray(_sanitize(x_rec), jnp.float32)
   b = jnp.asarray(_sanitize(x_true), jnp.float32)
-  out = np.asarray(pix.psnr(a, b), np.float64)
+  out = np.asarray(_psnr(a, b), np.float64)
   return np.where(np.isnan(out), np.inf, out)
 
 
@@ -131,7 +137,7 @@ def ssim(x_rec: Any, x_true: Any) -> np.ndarray:
   size = ssim_window(*x_rec.shape[1:3])
   a = jnp.asarray(_sanitize(x_rec), jnp.float32)
   b = jnp.asarray(_sanitize(x_true), jnp.float32)
-  return np.asarray(pix.ssim(a, b, max_val=1.0, filter_size=size),
+  return np.asarray(_ssim(a, b, max_val=1.0, filter_size=size),
                     np.float64)
 
 

@@ -33,22 +33,34 @@ def _member(tree, k):
 
 # ------------------------------------------------------------------ restarts
 
-def test_best_restart_prefers_finite_and_not_diverged():
+def test_choose_restart_prefers_finite_and_not_diverged():
   losses = jnp.array([[0.1, 0.5, jnp.nan, 0.3],   # 0.1 diverged -> 0.3
                       [0.4, 0.2, 0.9, 0.8],       # all fine -> 0.2
                       [0.7, 0.6, jnp.inf, 0.9]])  # all diverged -> 0.6
   bad = jnp.array([[True, False, False, False],
                    [False, False, False, False],
                    [True, True, True, True]])
-  np.testing.assert_array_equal(base.best_restart(losses, bad), [3, 1, 1])
+  index, diverged = base.choose_restart(losses, bad)
+  np.testing.assert_array_equal(index, [3, 1, 1])
+  # The attack diverged only where every restart did: one sane restart
+  # (first row) is enough to keep it.
+  np.testing.assert_array_equal(diverged, [False, False, True])
   # Every restart bad and a NaN among them: the lowest *finite* loss wins
   # (not the NaN, which a plain argmin would pick). A restart not flagged
-  # bad but with a NaN loss is no good one: the lowest finite loss wins.
+  # bad but with a NaN loss is no good one: the lowest finite loss wins,
+  # and the attack diverged.
   losses = jnp.array([[jnp.nan, 0.7, 0.5, jnp.inf],
                       [0.4, jnp.nan, 0.2, 0.9]])
   bad = jnp.array([[True, True, True, True],
                    [True, False, True, True]])
-  np.testing.assert_array_equal(base.best_restart(losses, bad), [2, 2])
+  index, diverged = base.choose_restart(losses, bad)
+  np.testing.assert_array_equal(index, [2, 2])
+  np.testing.assert_array_equal(diverged, [True, True])
+  # One restart: the kept index is 0 and diverged is its own flag.
+  index, diverged = base.choose_restart(jnp.array([[0.3], [jnp.nan]]),
+                                        jnp.array([[False], [True]]))
+  np.testing.assert_array_equal(index, [0, 0])
+  np.testing.assert_array_equal(diverged, [False, True])
 
 
 @pytest.mark.parametrize("name,overrides", [

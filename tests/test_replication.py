@@ -136,3 +136,78 @@ def test_readme_block_counts_and_lists_what_differs(tmp_path):
   readme.write_text("no markers\n")
   with pytest.raises(ValueError, match="replication:begin"):
     replication.update_readme(str(readme), str(dest))
+
+
+def test_estimates_overlap_at_the_boundaries_and_from_either_side():
+  """The rule of the module docstring, case by case (hand-worked)."""
+  cases = [
+      # Intervals that share one end point overlap.
+      ((1.0, 0.5, 1.5), (2.0, 1.5, 2.5), True),
+      ((2.0, 1.5, 2.5), (1.0, 0.5, 1.5), True),
+      # A value on an end point of the other's interval lies in it.
+      ((1.0, 0.5, 1.5), (1.5, None, None), True),
+      ((1.0, 0.5, 1.5), (0.5, None, None), True),
+      # Only the second run has an interval: its value must lie in it.
+      ((1.2, None, None), (1.0, 0.5, 1.5), True),
+      ((1.7, None, None), (1.0, 0.5, 1.5), False),
+      # Neither has an interval: the values themselves are compared.
+      ((1.0, None, None), (1.0, None, None), True),
+      ((1.0, None, None), (2.0, None, None), False),
+      # One run has nothing to compare.
+      ((1.0, None, None), (None, None, None), None),
+      ((None, None, None), (1.0, 0.5, 1.5), None),
+  ]
+  for a, b, expected in cases:
+    got = replication.estimates_overlap(_claim("c", *a, "held"),
+                                        _claim("c", *b, "held"))
+    assert got is expected, (a, b, got)
+
+
+def test_compare_takes_every_seed_of_both_runs_attacked_images():
+  # Recorded indices of two seeds on each side: the union per run.
+  ref = {"tradeoff": _tradeoff_result([0, 1], {"0": [1, 2], "1": [3, 4]})}
+  rep = {"tradeoff": _tradeoff_result([9, 10], {"9": [2, 5], "10": [4, 6]})}
+  result = replication.compare(ref, rep)
+  assert result["attacked_images"] == {"p": 4}  # {2, 4, 5, 6}
+  assert result["shared_images"] == {"p": 2}    # {2, 4}
+
+
+def test_render_gives_each_claim_both_runs_and_the_overlap():
+  """One row per claim: reference then replica, each with its verdict, and
+  whether the estimates agree (not whether the verdicts do)."""
+  ref = {"visual": {"claims": [
+      _claim("flip", 1.0, 0.5, 1.5, "held"),
+      _claim("word", None, None, None, "inconclusive (a)"),
+      _claim("gone", 2.0, 1.0, 3.0, "held")]}}
+  rep = {"visual": {"claims": [
+      _claim("flip", 1.25, 0.75, 2.0, "did not hold"),
+      _claim("word", None, None, None, "inconclusive (b)"),
+      _claim("new", 4.0, None, None, "reported")]}}
+  text = replication.render(replication.compare(ref, rep), "ref")
+  rows = {l.split(" | ")[0][2:]: l for l in text.splitlines()
+          if l.startswith("| ") and not l.startswith("| claim")}
+  assert rows == {
+      "flip": "| flip | 1 [0.5, 1.5] | held | 1.25 [0.75, 2] | did not hold "
+              "| yes | verdict differs |",
+      "word": "| word | n/a | inconclusive (a) | n/a | inconclusive (b) | n/a "
+              "| replicates |",
+      "gone": "| gone | 2 [1, 3] | held | n/a | n/a | n/a | not replicated |",
+      "new": "| new | n/a | n/a | 4 | reported | n/a | only in the replica |"}
+  assert ("Counts: not replicated 1, only in the replica 1, replicates 1, "
+          "verdict differs 1") in text
+
+
+def test_readme_block_counts_only_compared_claims_as_run():
+  """The claims compared are those that replicate, differ in verdict or
+  differ in estimate; a claim only the replica has is not among them."""
+  ref = {"visual": {"claims": [_claim("same", 1.0, 0.5, 1.5, "held"),
+                               _claim("flip", 1.0, 0.5, 1.5, "held"),
+                               _claim("gone", 1.0, 0.5, 1.5, "held")]}}
+  rep = {"visual": {"claims": [_claim("same", 1.0, 0.5, 1.5, "held"),
+                               _claim("flip", 1.0, 0.5, 1.5, "did not hold"),
+                               _claim("new", 1.0, 0.5, 1.5, "held")]}}
+  text = replication.readme_block(replication.compare(ref, rep), "src")
+  assert ("Of the 2 claims the replica ran, 1 replicate (0 of them by "
+          "verdict alone: neither run has an estimate), 1 give another "
+          "verdict and 0 the same verdict with disjoint intervals; 1 claims "
+          "the replica did not run") in text

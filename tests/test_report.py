@@ -1,6 +1,7 @@
 """REPORT.md and the README block are renderings of the parts' JSON."""
 
 import os
+import re
 
 import pytest
 
@@ -155,3 +156,75 @@ def test_readme_main_job_output_is_the_committed_json_rendered():
   block = text[text.index(main_job.README_BEGIN):
                text.index(main_job.README_END) + len(main_job.README_END)]
   assert block == main_job.readme_block(storage.read_json(path))
+
+
+@pytest.mark.parametrize("v, expected", [
+    (None, "n/a"), ("held", "held"), (True, "True"), (False, "False"),
+    (0, "0"), (0.5, "0.5"), (12.345, "12.3"), (250.0, "250"),
+    (1e4, "1.00e+04"), (-12345.0, "-1.23e+04"),
+    (0.001, "0.001"), (0.00099, "9.90e-04"), (-0.0005, "-5.00e-04"),
+    (float("nan"), "nan"), (float("inf"), "inf")])
+def test_fmt_three_significant_digits(v, expected):
+  """Hand-written: below 1e-3 and from 1e4 on, scientific with three
+  significant digits (trailing zeros kept); booleans and text as they are."""
+  assert report.fmt(v) == expected
+
+
+def test_an_interval_with_an_unknown_end_is_left_out():
+  assert report.fmt_interval(0.5, 0.25, 0.75) == "0.5 [0.25, 0.75]"
+  assert report.fmt_interval(0.5, None, 0.75) == "0.5"
+  assert report.fmt_interval(0.5, 0.25, None) == "0.5"
+  assert report.fmt_interval(None, 0.25, 0.75) == "n/a"
+  assert report.fmt_value_interval({}) == "n/a"
+  assert report.fmt_value_interval(None) == "n/a"
+
+
+def test_table_escapes_pipes_inside_cells():
+  """Every row has as many unescaped separators as the header."""
+  lines = report.table(["a", "b"], [["x|y", 1.0], ["z", "p | q"]])
+  assert lines[2:4] == ["| x\\|y | 1 |", "| z | p \\| q |"]
+  seps = lambda l: len(re.findall(r"(?<!\\)\|", l))  # noqa: E731
+  assert {seps(l) for l in lines if l} == {3}
+
+
+def test_all_claims_follow_the_report_order():
+  results = {"adaptive": {"claims": [{"claim": "c"}]}, "visual": None,
+             "tradeoff": {"claims": [{"claim": "a"}, {"claim": "b"}]}}
+  order = list(report.PARTS)
+  assert order.index("tradeoff") < order.index("adaptive")
+  assert [c["claim"] for c in report.all_claims(results)] == ["a", "b", "c"]
+
+
+def test_each_image_part_says_its_interval_rule(tmp_path):
+  results = {"tradeoff": {"interval_rule": "over seeds", "claims": []},
+             "visual": {"claims": []},  # written before the rule was kept
+             "convergence": {"claims": []}}
+  text = report.render(results, workdir=str(tmp_path),
+                       report_dir=str(tmp_path))
+  section = lambda p: text.split(f"## {report.PARTS[p][0]}")[1].split(  # noqa: E731
+      "## ")[0]
+  assert "Intervals: over seeds." in section("tradeoff")
+  assert f"Intervals: {report.LEGACY_INTERVAL_RULE}." in section("visual")
+  assert "Intervals:" not in section("convergence")
+  block = report.readme_block(results, "src")
+  assert f"Intervals of visual: {report.LEGACY_INTERVAL_RULE};" in block
+
+
+def test_replace_block_keeps_everything_outside_the_markers():
+  text = "top\n<b>\nold 1\n<e>\nmiddle\n<b>\nold 2\n<e>\nend\n"
+  block = "<b>\nnew \\1 \\g<0> \\sigma\n<e>"  # backslashes kept as written
+  assert report.replace_block(text, "<b>", "<e>", block) == (
+      f"top\n{block}\nmiddle\n{block}\nend\n")
+
+
+def test_publish_again_replaces_the_part_s_run(tmp_path):
+  work, dest = str(tmp_path / "run"), str(tmp_path / "published")
+  _fake(work)
+  for command in ("python -m experiments.tradeoff --first",
+                  "python -m experiments.tradeoff --second"):
+    storage.write_json(os.path.join(work, "reproduce.json"), {"tradeoff": {
+        "command": command, "seconds": 3.0, "status": "done"}})
+    text = open(report.publish(work, dest)).read()
+  assert "--second" in text and "--first" not in text
+  assert storage.read_json(os.path.join(dest, "reproduce.json"))[
+      "tradeoff"]["command"].endswith("--second")

@@ -214,6 +214,21 @@ def test_full_preset_dry_run_prints_the_plan(tmp_path, capsys):
   assert f"planned cells: {out['cells']}" in printed
 
 
+def test_panel_config_overrides_the_shared_training():
+  """A panel's own training settings win over the shared ``train`` block;
+  what it does not set comes from the shared block."""
+  config = sweep.default_config()
+  shared = config.train
+  assert shared.rounds != 1000 and shared.client_lr != 0.05
+  lenet = sweep.panel_config(config, "lenet_cifar10")
+  assert lenet.rounds == 1000
+  assert (lenet.dataset, lenet.model, lenet.model_init) == (
+      "cifar10", "lenet", "uniform")
+  convnet = sweep.panel_config(config, "convnet_mnist")
+  assert (convnet.rounds, convnet.client_lr) == (shared.rounds, 0.05)
+  assert convnet.batch_size == shared.batch_size
+
+
 def _image(ssim_by_attack, diverged=()):
   attacks = {a: {"ssim": s, "mse_clamped": 1 - s, "mse": 1 - s, "psnr": s,
                  "diverged": a in diverged}

@@ -239,16 +239,26 @@ def restart_keys(key: jax.Array, restarts: int) -> jax.Array:
   return key[None] if restarts == 1 else jax.random.split(key, restarts)
 
 
-def best_restart(losses: jax.Array, bad: jax.Array) -> jax.Array:
-  """Index of the kept restart over the last axis: lowest finite loss.
+def choose_restart(losses: jax.Array,
+                   bad: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The kept restart over the last axis, and whether the attack diverged.
 
-  A restart flagged ``bad`` (diverged) or with a non-finite loss never wins
-  over a good one; when every restart is bad, the lowest finite loss wins.
+  The kept restart has the lowest finite loss among the restarts not flagged
+  ``bad`` (diverged): a bad restart or a non-finite loss never wins over a
+  good one; when no restart is good, the lowest finite loss wins. The
+  attack diverged only when no restart is good (every one is bad or ended
+  at a non-finite loss).
+
+  Returns:
+    ``(index, diverged)``, both with the shape of ``losses`` less its last
+    axis.
   """
   finite = jnp.where(jnp.isfinite(losses), losses, jnp.inf)
-  good = jnp.where(bad, jnp.inf, finite)
-  return jnp.where(jnp.any(~bad & jnp.isfinite(losses), axis=-1),
-                   jnp.argmin(good, axis=-1), jnp.argmin(finite, axis=-1))
+  any_good = jnp.any(~bad & jnp.isfinite(losses), axis=-1)
+  index = jnp.where(any_good, jnp.argmin(jnp.where(bad, jnp.inf, finite),
+                                         axis=-1),
+                    jnp.argmin(finite, axis=-1))
+  return index, ~any_good
 
 
 def batch_map(fn: Callable, size: int, in_axes: tuple) -> Callable:

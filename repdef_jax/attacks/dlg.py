@@ -381,8 +381,7 @@ def _dlg_jit(model, params, shared, keys, labels, run_id, *, num_images, mode,
   else:
     i, runs = loop((0, runs), total)
   report(i, runs, final=True)
-  best = base.best_restart(runs.loss, runs.bad)
-  diverged = jnp.all(runs.bad, axis=1)
+  best, diverged = base.choose_restart(runs.loss, runs.bad)
   run = base.pick(runs, best)
   hist = jnp.where(jnp.isnan(run.hist), run.loss[:, None], run.hist)
   if mode == "learn":

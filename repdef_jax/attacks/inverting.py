@@ -326,10 +326,10 @@ def _gs_jit(model, params, shared, keys, labels, run_id, *, num_images, infer,
   report(config.iterations, jnp.min(finals, axis=1), 0, final=True)
   bad = ~jnp.isfinite(finals) | ~jnp.all(
       jnp.isfinite(x.reshape(num, restarts, -1)), axis=-1)
-  best = base.best_restart(finals, bad)
+  best, diverged = base.choose_restart(finals, bad)
   hist = base.pick(jnp.moveaxis(hists, 0, -1), best)
   return base.AttackResult(
       x_rec=base.pick(x, best), labels_rec=labels.astype(jnp.int32),
       loss_history=hist, final_loss=base.pick(finals, best),
-      diverged=jnp.all(bad, axis=1),
+      diverged=diverged,
       iterations=jnp.full((num,), config.iterations, jnp.int32))
