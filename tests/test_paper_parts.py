@@ -14,6 +14,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from repdef_jax import models
 from repdef_jax.paper import adaptive
@@ -84,6 +85,20 @@ def test_repinfer_claims_follow_rules():
   v = _verdicts(leakage.claims(None, {"update": failed}))
   assert set(v.values()) == {"inconclusive (whole-gradient attack fails: "
                              "reconstructs 0.333 of the images)"}
+
+
+def test_conv_claim_needs_the_conv_interval_above_both_sources():
+  """Conv-only MSE above the whole gradient's interval but overlapping the
+  representation's is not "held" (above both is the rule)."""
+  mse = dict(representation=[1e-3, 2e-3, 1.5e-3],
+             gradient=[1e-5, 2e-5, 1.5e-5], conv_gradient=[3e-3, 4e-3, 3.5e-3])
+  conv, rep, grad = (_ci(mse[k]) for k in ("conv_gradient", "representation",
+                                           "gradient"))
+  assert grad["high"] < conv["low"] < rep["high"]  # the construction
+  v = _verdicts(leakage.claims(None, {"one_image": _recon(
+      [0.97, 0.99, 0.98], [1.0, 0.99, 1.0], mse)}))
+  assert v["Conv-layer gradients alone fail to reconstruct"] == (
+      "inconclusive")
 
 
 # --------------------------------------------------------------------------
@@ -196,6 +211,65 @@ def test_adaptive_analyse_pairs_each_attack_with_its_undefended_run():
                       "undefended)", "gs_mask": "fails", "best": "fails"}
   (row,) = adaptive.claims(config, rows)
   assert row["value"] == 0.0 and row["verdict"] == "reported"
+
+
+def _adaptive_images(ssims, diverged=()):
+  """One image per tuple of (gs, gs_drop, gs_mask) SSIMs; ``diverged``: the
+  (image, attack) runs that diverged."""
+  out = []
+  for i, values in enumerate(ssims):
+    attacks = {name: {"ssim": v, "mse_clamped": 1 - v, "mse": 1 - v,
+                      "psnr": 10 * v, "diverged": (i, name) in diverged}
+               for name, v in zip(("gs", "gs_drop", "gs_mask"), values)}
+    out.append({"attacks": attacks, "best": harness.best_of(attacks)})
+  return out
+
+
+def _adaptive_config():
+  return ml_collections.ConfigDict(dict(
+      success_ssim=0.6, unrecognisable=0.2,
+      panels={"p": ml_collections.ConfigDict(dict(
+          family="gs", model="leakage", dataset="mnist"))}))
+
+
+def test_adaptive_undefended_divergence_fails_and_half_success_decides():
+  """A diverged undefended run is a failed attack (counted in the success
+  rate); a rate of exactly 0.5 is enough for a verdict."""
+  base = {"panel": "p", "seed": 0, "stage": "init"}
+  # gs undefended: 0.99, 0.6 (at the threshold), 0.1, diverged -> 2 / 4.
+  undefended = _adaptive_images(
+      [(0.99, 0.99, 0.99), (0.6, 0.99, 0.99), (0.1, 0.99, 0.99),
+       (0.9, 0.99, 0.99)], diverged={(3, "gs")})
+  defended = _adaptive_images([(0.01, 0.9, 0.9), (0.02, 0.9, 0.9),
+                               (0.03, 0.9, 0.9), (0.02, 0.9, 0.9)])
+  rows = adaptive.analyse(_adaptive_config(), [
+      ({**base, "variant": "none", "rate": 0.0}, {"images": undefended}),
+      ({**base, "variant": "reference", "rate": 80.0},
+       {"images": defended})])
+  (row,) = [r for r in rows if r["variant"] != "none"]
+  gs = row["attacks"]["gs"]
+  assert gs["undefended_success_rate"] == pytest.approx(0.5)
+  assert gs["verdict"] == "holds"
+
+
+def test_adaptive_claim_shares_over_applicable_cells_only():
+  """The summary share leaves out the cells whose suite fails undefended."""
+  cells = []
+  for stage, undefended_ssim in (("init", 0.99), ("trained", 0.1)):
+    base = {"panel": "p", "seed": 0, "stage": stage}
+    cells += [({**base, "variant": "none", "rate": 0.0},
+               {"images": _adaptive_images([(undefended_ssim,) * 3] * 3)}),
+              ({**base, "variant": "reference", "rate": 80.0},
+               {"images": _adaptive_images([(0.01, 0.02, 0.03),
+                                            (0.02, 0.01, 0.02),
+                                            (0.03, 0.02, 0.01)])})]
+  config = _adaptive_config()
+  rows = adaptive.analyse(config, cells)
+  best = {r["stage"]: r["attacks"]["best"]["verdict"] for r in rows
+          if r["variant"] != "none"}
+  assert best["init"] == "holds" and best["trained"].startswith("n/a")
+  (row,) = adaptive.claims(config, rows)
+  assert row["value"] == pytest.approx(1.0)  # 1 held of 1 applicable
 
 
 def test_adaptive_panel_overrides_stages_and_budgets():
@@ -318,6 +392,72 @@ def test_visual_soteria_against_gs_alone_and_the_adaptive_best():
   assert [(r["claim"].split("(")[1].split(";")[0], r["verdict"])
           for r in rows] == [("gs alone, the paper's attack", "held"),
                              ("best of gs/gs_mask", "did not hold")]
+
+
+def test_visual_summary_counts_diverged_runs_as_failures():
+  """The success rate is over every image: a diverged run fails."""
+  config = _visual_config()
+
+  def image(ssim, diverged):
+    attacks = {"gs": {"ssim": ssim, "mse_clamped": 1 - ssim,
+                      "diverged": diverged}}
+    return {"attacks": attacks, "best": (
+        {"all_diverged": True} if diverged else
+        {"all_diverged": False, "ssim": ssim, "mse_clamped": 1 - ssim})}
+
+  cells = [{"seed": 0, "images": [image(0.9, False), image(0.95, True)]},
+           {"seed": 1, "images": [image(0.8, False), image(0.1, False)]}]
+  point = visual.summarize(config, "none", 0.0, cells)
+  for name in ("gs", "best"):
+    a = point["per_attack"][name]
+    assert a["success_rate"] == pytest.approx(2 / 4), name
+    assert a["diverged"] == 1 and a["ssim"]["n"] == 3
+
+
+def test_visual_paper_attack_is_judged_by_its_own_undefended_success():
+  """Soteria against GS alone is inconclusive when GS fails undefended, even
+  when the best of the suite (the adaptive variant) succeeds there."""
+  config = _visual_config()
+  config.attacks = ("gs", "gs_mask")
+
+  def point(defense, strength, gs, best):
+    return {"defense": defense, "strength": strength, "per_attack": {
+        name: {"ssim": _ci(v), "success_rate": float(np.mean(
+            [x >= 0.6 for x in v]))} for name, v in (("gs", gs),
+                                                      ("best", best))}}
+
+  points = [point("none", 0.0, [0.3, 0.2, 0.1], [0.99, 0.98, 0.99]),
+            point("soteria", 60.0, [0.05, 0.1, 0.02], [0.05, 0.1, 0.02])]
+  assert [r["verdict"] for r in visual.claims(config, points)] == [
+      "inconclusive (attacks fail undefended)", "held"]
+
+
+def test_reconstruction_summary_success_at_threshold_and_seed_intervals():
+  """The whole-gradient success rate counts SSIM == SUCCESS_SSIM; the
+  paired representation - gradient interval is over the seeds' means."""
+  def cell(seed, rep, grad):
+    out = {"seed": seed, "representation_correlation": [0.9] * len(rep)}
+    for source, ssim in (("representation", rep), ("gradient", grad),
+                         ("conv_gradient", [0.0] * len(rep))):
+      out[source] = {"ssim": list(ssim), "mse": [0.1] * len(rep),
+                     "mse_clamped": [0.1] * len(rep),
+                     "psnr": [10.0] * len(rep)}
+    return out
+
+  t = leakage.SUCCESS_SSIM
+  cells = [cell(0, [0.9, 0.5], [t, 0.2]), cell(1, [0.7, 0.8], [0.9, 0.3]),
+           cell(2, [0.1, 0.95], [0.5, 0.4])]
+  out = leakage.summarize_reconstruction(cells)
+  assert out["gradient_success_rate"] == pytest.approx(2 / 6)
+  d = out["ssim_representation_minus_gradient"]
+  per_seed = [np.mean(np.subtract(c["representation"]["ssim"],
+                                  c["gradient"]["ssim"])) for c in cells]
+  half = (scipy_stats.t.ppf(0.975, 2) * np.std(per_seed, ddof=1)
+          / np.sqrt(3))
+  assert d["mean"] == pytest.approx(np.mean(per_seed))
+  assert (d["low"], d["high"]) == (
+      pytest.approx(np.mean(per_seed) - half),
+      pytest.approx(np.mean(per_seed) + half))
 
 
 def test_certified_rates_must_include_the_undefended_reference():

@@ -5,9 +5,13 @@ import os
 import re
 import shutil
 import sys
+import types
 
+import jax
+import ml_collections
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -16,6 +20,7 @@ if ROOT not in sys.path:
 from experiments.configs import tradeoff as tradeoff_cfg  # noqa: E402
 from repdef_jax import data as data_lib  # noqa: E402
 from repdef_jax import defenses  # noqa: E402
+from repdef_jax import fedavg  # noqa: E402
 from repdef_jax import host  # noqa: E402
 from repdef_jax import models  # noqa: E402
 from repdef_jax import storage  # noqa: E402
@@ -255,6 +260,52 @@ def test_best_of_ignores_diverged_attacks_and_counts_all_diverged():
   assert point["ssim"] == [0.2, 0.7]
 
 
+def _t_interval(values):
+  """Mean and 95 % Student-t interval of ``values`` (a NumPy reference)."""
+  v = np.asarray(values, np.float64)
+  half = scipy_stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / np.sqrt(
+      v.size)
+  return v.mean(), v.mean() - half, v.mean() + half
+
+
+def test_best_of_picks_each_metric_on_its_own():
+  """Each best-of metric comes from the attack best at that metric: max SSIM
+  and PSNR, min clamped and raw MSE."""
+  best = harness.best_of({
+      "a": {"ssim": 0.9, "mse_clamped": 0.01, "mse": 0.5, "psnr": 12.0,
+            "diverged": False},
+      "b": {"ssim": 0.4, "mse_clamped": 0.2, "mse": 0.002, "psnr": 30.0,
+            "diverged": False}})
+  assert (best["ssim"], best["ssim_attack"]) == (0.9, "a")
+  assert (best["mse_clamped"], best["mse_clamped_attack"]) == (0.01, "a")
+  assert (best["mse"], best["mse_attack"]) == (0.002, "b")
+  assert (best["psnr"], best["psnr_attack"]) == (30.0, "b")
+
+
+def test_point_summary_boundaries_seeds_and_round0_divergence():
+  """An SSIM equal to success_ssim is a success; a run that diverged at
+  round 0 is a diverged seed (NaN accuracy); the interval is over the seeds'
+  means and the median over the images."""
+  ssims = {0: (0.6, 0.2), 1: (0.3, 0.5), 2: (0.9, 0.1)}
+  images = [{**_image({"gs": v}), "seed": seed}
+            for seed, vs in ssims.items() for v in vs]
+  train = [{"accuracy": 0.8, "diverged_at_round": 0},
+           {"accuracy": 0.7, "diverged_at_round": None}, {"accuracy": 0.9}]
+  point = tradeoff.summarize_point(train, images, ("gs",), success_ssim=0.6)
+  assert np.isnan(point["accuracy"][0]) and point["accuracy"][1:] == [0.7,
+                                                                     0.9]
+  assert point["diverged_training"] == 1
+  flat = [v for vs in ssims.values() for v in vs]
+  for name in ("best", "gs"):
+    s = point["per_attack"][name]
+    assert s["success_rate"] == pytest.approx(2 / 6)  # 0.6 and 0.9
+    assert s["ssim"]["median"] == pytest.approx(np.median(flat))  # 0.4
+    mean, low, high = _t_interval([np.mean(vs) for vs in ssims.values()])
+    assert (s["ssim"]["mean"], s["ssim"]["low"], s["ssim"]["high"]) == (
+        pytest.approx(mean), pytest.approx(low), pytest.approx(high))
+    assert s["ssim"]["n"] == 6 and s["ssim"]["groups"] == 3
+
+
 def _point(strength, acc, mse, ssim):
   return {"strength": strength, "accuracy": [acc] * 3,
           "mse_clamped": [mse] * 8, "mse": [mse] * 8, "ssim": [ssim] * 8,
@@ -328,6 +379,95 @@ def test_update_claims_follow_the_rules():
   assert final40["value"] == pytest.approx(0.525)
   assert final40["verdict"] == "did not hold"
   assert claims[name.format("80", "final")]["verdict"] == "held"
+
+
+def test_claims_at_half_undefended_success_and_the_most_private_holding():
+  """An undefended success rate of exactly 0.5 lets the claims be decided;
+  "accuracy holds" takes the most private Soteria point whose paired drop is
+  <= 1 point on every seed (one diverged seed disqualifies a point)."""
+  config = tradeoff_cfg.get_config("tiny")
+  points = {("none", 0.0): _point(0, 0.9, 0.001, 0.95),
+            ("soteria", 50.0): _point(50, 0.9, 0.2, 0.1),
+            ("soteria", 80.0): _point(80, 0.9, 0.9, 0.05),
+            ("soteria", 95.0): {**_point(95, 0.9, 2.0, 0.01),
+                                "accuracy": [0.9, 0.9, float("nan")]}}
+  panel = {"model": "m", "dataset": "d",
+           "undefended_success_rate": {"best": 0.5},
+           **tradeoff.analyse_panel(points, config)}
+  claims = {c["claim"]: c for c in tradeoff.panel_claims("p", panel, config)}
+  holds = claims["p (m/d): accuracy holds until MSE 0.8"]
+  assert holds["value"] == pytest.approx(0.9)  # Soteria 80
+  assert holds["verdict"] == "held"
+  assert not any(c["verdict"].startswith("inconclusive") for c in
+                 claims.values()), claims
+
+
+def test_update_claims_decide_at_half_undefended_success_per_stage():
+  """Each stage is judged against the undefended update of the same stage;
+  a success rate of exactly 0.5 there lets the claim be decided."""
+  config = tradeoff_cfg.get_config("tiny")
+  low = [0.05, 0.1, 0.08, 0.12]
+  panel = {"model": "m", "dataset": "d", "updates": {
+      "none/0": {"first": _update_stage([0.6, 0.1, 0.7, 0.2]),  # rate 0.5
+                 "final": _update_stage([0.1, 0.2, 0.3, 0.1])},  # rate 0
+      "soteria/40": {"first": _update_stage(low),
+                     "final": _update_stage(low)}}}
+  claims = {c["claim"]: c["verdict"]
+            for c in tradeoff.update_claims("p", panel, config)}
+  name = ("p (m/d): Soteria 40 % makes a client's real update unrecognisable"
+          " ({} stage)")
+  assert claims == {name.format("first"): "held",
+                    name.format("final"):
+                        "inconclusive (attacks fail undefended)"}
+
+
+def test_update_cell_attacks_the_rescaled_client_update(monkeypatch):
+  """The suite receives -update / (lr * local_steps) of the attacked client,
+  at the stage's parameters, with that client's first ``batch`` images."""
+  model = models.get_model("logreg", (4, 4, 1), 3)
+  keys = harness.sweep_keys(0)
+  params = model.init(keys.init)
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, (12, 4, 4, 1), dtype=np.uint8)
+  labels = np.arange(12, dtype=np.int32) % 3
+  idx = [np.arange(4 * c, 4 * c + 4) for c in range(3)]
+  monkeypatch.setattr(tradeoff, "_client_data", lambda *a: (images, labels,
+                                                            idx))
+  monkeypatch.setattr(tradeoff.sweep, "budgets", lambda *a, **k: {})
+
+  def fake_update(model, fcfg, params, x, y, mask, train_key, noise_key):
+    del model, fcfg, x, y, mask, train_key, noise_key
+    return (jax.tree_util.tree_map(lambda p: jax.numpy.full_like(p, 0.3),
+                                   params), {"defense/x": 1.0})
+  monkeypatch.setattr(fedavg, "client_update", fake_update)
+  seen = {}
+
+  def fake_suite(model, params, shared, x, y, names, key, **kwargs):
+    seen.update(params=params, shared=shared, x=x, y=y, key=key)
+    metrics = {"ssim": 0.5, "mse": 0.1, "mse_clamped": 0.1, "psnr": 10.0,
+               "diverged": False}
+    return {"attacks": {"gs": metrics}, "best": harness.best_of(
+        {"gs": metrics})}
+  monkeypatch.setattr(tradeoff.harness, "attack_suite", fake_suite)
+  config = ml_collections.ConfigDict(dict(
+      data_dir="", give_labels=True, update_attack=dict(
+          batch=2, local_steps=2, attacks=("gs",))))
+  panel = types.SimpleNamespace(
+      name="p", seed=0, model=model, keys=keys, params0=params,
+      train_config=ml_collections.ConfigDict(dict(
+          rounds=4, dataset="mnist", num_clients=3, classes_per_client=1,
+          samples_per_class=4, client_lr=0.1)))
+  out = tradeoff.update_cell(config, panel, "none", 0.0, "first", "")
+  assert out["round"] == 0 and out["defense/x"] == 1.0
+  for leaf in jax.tree_util.tree_leaves(seen["shared"]):
+    np.testing.assert_allclose(leaf, -0.3 / (0.1 * 2), rtol=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(seen["params"]),
+                  jax.tree_util.tree_leaves(params)):
+    np.testing.assert_array_equal(a, b)
+  pick = idx[out["client"]][:2]
+  np.testing.assert_allclose(seen["x"], images[pick] / 255.0, rtol=1e-6)
+  np.testing.assert_array_equal(seen["y"], labels[pick])
+  assert out["labels"] == labels[pick].tolist()
 
 
 def test_every_defense_at_a_strong_setting_degrades_the_best_attack():
