@@ -9,6 +9,7 @@ from repdef_jax import attacks
 from repdef_jax import gradients
 from repdef_jax import metrics
 from repdef_jax import models
+from repdef_jax.attacks import inverting
 from repdef_jax.attacks import lbfgs
 from repdef_jax.attacks import objectives
 
@@ -102,6 +103,24 @@ def test_mask_view_equals_plain_objective_on_masked_gradients(lenet_setup,
   # The mask is read off the shared gradient alone.
   np.testing.assert_array_equal(
       np.where(objectives.pruned_rows(model, shared))[0], rows)
+
+
+def test_mask_view_keeps_rows_with_only_some_zero_entries(lenet_setup):
+  """Only an all-zero row of the shared defended kernel is pruned: a row
+  with a single exact zero (a class whose gradient entry vanished) keeps
+  its weights."""
+  model, _, _, _, grads = lenet_setup
+  shared = _pruned(model, grads, [0, 3])
+  kernel = shared["head"]["kernel"].at[1, 0].set(0.0).at[2, 1:].set(0.0)
+  shared = {**shared, "head": {**shared["head"], "kernel": kernel}}
+  np.testing.assert_array_equal(
+      np.where(objectives.pruned_rows(model, shared))[0], [0, 3])
+  w = objectives.view_weights(model, shared,
+                              objectives.GradientView(mask_from_shared=True))
+  keep = np.ones(model.num_features)
+  keep[[0, 3]] = 0.0
+  np.testing.assert_array_equal(
+      w["head"]["kernel"], np.broadcast_to(keep[:, None], kernel.shape))
 
 
 @pytest.mark.parametrize("kind", ["l2", "cosine"])
@@ -218,6 +237,13 @@ def test_dlg_diverged_is_reported_not_raised():
                                              max_abs_pixel=1e-3))
   assert bool(res.diverged)
   assert np.all(np.isfinite(np.asarray(res.x_rec)))
+
+
+def test_dlg_gradient_tolerance_reads_the_largest_absolute_entry():
+  """grad_tol is compared with max |d loss / d dummy| over every leaf (a
+  gradient with large negative entries has not converged)."""
+  tree = {"x": jnp.array([[-3.0, 1e-9]]), "y": jnp.array([-2.0, 0.5])}
+  assert float(attacks.dlg._tree_max_abs(tree)) == 3.0
 
 
 def test_torch_lbfgs_minimises_quadratic():
@@ -356,6 +382,60 @@ def test_gs_box_from_normalization():
                  lower=list(box["lower"]), upper=np.asarray(box["upper"]),
                  **kw)
   np.testing.assert_array_equal(as_arrays.x_rec, res.x_rec)
+
+
+def test_gs_step_schedule_decays_tenfold_at_three_five_seven_eighths():
+  """lr until floor(3/8 T), then lr / 10, lr / 100 from floor(5/8 T) and
+  lr / 1000 from floor(7/8 T) (inversefed's milestones, floored)."""
+  sched = inverting.step_schedule(0.2, 800)  # Milestones 300, 500, 700.
+  steps = [0, 299, 300, 499, 500, 699, 700, 799]
+  want = [0.2, 0.2, 0.02, 0.02, 2e-3, 2e-3, 2e-4, 2e-4]
+  np.testing.assert_allclose([float(sched(s)) for s in steps], want,
+                             rtol=1e-6)
+  sched = inverting.step_schedule(0.2, 5)  # 1.875, 3.125, 4.375: 1, 3, 4.
+  np.testing.assert_allclose([float(sched(s)) for s in range(5)],
+                             [0.2, 0.02, 0.02, 2e-3, 2e-4], rtol=1e-6)
+
+
+def test_gs_iterates_are_signed_adam_steps_clipped_to_the_box():
+  """Five GS iterations equal the rule re-run step by step with NumPy's
+  Adam (b1 0.9, b2 0.999, eps 1e-8) fed the sign of the objective's
+  gradient (cosine distance + tv_weight TV), the step size of the
+  schedule (lr, lr/10, lr/10, lr/100, lr/1000 over 5 iterations) and a
+  clip into [0, 1] after each step. The run reuses the program of
+  test_gs_non_finite_objective_is_reported_as_diverged; Adam on the raw
+  gradient, a constant step size or no clip give other iterates."""
+  model, params, grads = _logreg_setup()
+  key = jax.random.key(1)
+  cfg = attacks.GSConfig()
+  res = attacks.get_attack("gs")(model, params, grads, 1, key, iterations=5,
+                                 restarts=1)
+  y = jnp.array([1])
+  assert int(res.labels_rec[0]) == 1 and not bool(res.diverged)
+
+  @jax.jit
+  def value_and_grad(x):
+    def objective(x):
+      g = gradients.batch_grad(model, params, x, y)
+      return (objectives.cosine_distance(g, grads)
+              + cfg.tv_weight * objectives.total_variation(x))
+    return jax.value_and_grad(objective)(x)
+
+  x = jax.random.normal(key, res.x_rec.shape)  # One restart: the key itself.
+  m = v = np.zeros(x.shape)
+  losses = []
+  for t, scale in enumerate([1.0, 0.1, 0.1, 0.01, 1e-3], 1):
+    loss, g = value_and_grad(x)
+    losses.append(float(loss))
+    s = np.sign(np.asarray(g, np.float64))
+    m, v = 0.9 * m + 0.1 * s, 0.999 * v + 0.001 * s * s
+    step = (cfg.learning_rate * scale * (m / (1 - 0.9 ** t))
+            / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8))
+    x = jnp.asarray(np.clip(np.asarray(x, np.float64) - step, 0.0, 1.0),
+                    jnp.float32)
+  np.testing.assert_allclose(res.loss_history, losses, rtol=1e-5)
+  np.testing.assert_allclose(res.x_rec, x, atol=1e-6)
+  np.testing.assert_allclose(res.final_loss, value_and_grad(x)[0], rtol=1e-5)
 
 
 # ----------------------------------------------------------------- API, errors

@@ -1,5 +1,7 @@
 """Restarts, the line-search L-BFGS, run_batch and progress of the attacks."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,8 @@ from repdef_jax import attacks
 from repdef_jax import gradients
 from repdef_jax import models
 from repdef_jax.attacks import base
+from repdef_jax.attacks import lbfgs
+from repdef_jax.attacks import objectives
 from repdef_jax.attacks import progress
 
 K = 3
@@ -143,6 +147,73 @@ def test_line_search_never_increases_objective_on_lenet():
   hist = np.asarray(res.loss_history)
   assert np.all(np.diff(hist) <= 1e-6 * hist[:-1])
   assert hist[-1] < hist[0]
+
+
+# ------------------------------------------------------- plain L-BFGS rule
+
+@functools.partial(jax.jit, static_argnums=0)
+def _l2_value_and_grad(model, params, x, y, g_ref):
+  return jax.value_and_grad(lambda x: objectives.l2_distance(
+      gradients.batch_grad(model, params, x, y), g_ref))(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_lbfgs_update(learning_rate, memory_size):
+  return jax.jit(lbfgs.torch_lbfgs(learning_rate, memory_size).update)
+
+
+@pytest.mark.parametrize("k,diverge_factor,stop", [
+    (0, 1e4, 19), (2, 1e4, 14), (0, 50.0, 6)])
+def test_plain_lbfgs_run_equals_its_rule_in_a_python_loop(
+    setup, k, diverge_factor, stop):
+  """iDLG with torch's L-BFGS (with the default diverge_factor, the program
+  of the line-search test) equals its rule re-run step by step: start from
+  normal(split(key)[0]); stop before a step once the loss is < tol or max
+  |grad| <= grad_tol; reject a step (and stop, diverged) whose loss is not
+  finite or exceeds diverge_factor times the *initial* loss, or whose image
+  leaves [-max_abs_pixel, max_abs_pixel]; loss_history[j] is the loss after
+  iteration 10 j + 9, the final loss after the stop. Member 0 converges
+  (tol) after 19 iterations, member 2 diverges at the 14th
+  (its loss jumps from 1.3 to 7e5). Member 0's loss (initially 182) falls
+  to 40, then rises to 3.7e3 and 4e5: with diverge_factor 50 the 6th step
+  is the first above 50 times the initial loss (the 5th is already above
+  50 times the previous one)."""
+  model, params, grads, keys, ys = setup
+  g_ref, y = _member(grads, k), ys[k]
+  cfg = attacks.DLGConfig(outer_steps=10, inner_steps=10, infer_label=True,
+                          diverge_factor=diverge_factor)
+  res = attacks.dlg_attack(model, params, g_ref, 1, keys[k], config=cfg)
+
+  value_and_grad = lambda x: _l2_value_and_grad(  # noqa: E731
+      model, params, x, y, g_ref)
+  opt = lbfgs.torch_lbfgs(cfg.learning_rate, cfg.memory_size)
+  update = _torch_lbfgs_update(cfg.learning_rate, cfg.memory_size)
+  x = jax.random.normal(jax.random.split(keys[k])[0], (1, 8, 8, 1))
+  state, (loss, g) = opt.init(x), value_and_grad(x)
+  loss0, hist, n, diverged = float(loss), {}, 0, False
+  for i in range(100):
+    if float(loss) < cfg.tol or float(jnp.max(jnp.abs(g))) <= cfg.grad_tol:
+      break
+    u, new_state = update(g, state, x)
+    new_x = x + u
+    new_loss, new_g = value_and_grad(new_x)
+    n += 1
+    if not (np.isfinite(float(new_loss)) and np.all(np.isfinite(new_g))
+            and float(jnp.max(jnp.abs(new_x))) <= cfg.max_abs_pixel
+            and float(new_loss) <= cfg.diverge_factor * loss0):
+      diverged = True
+      break
+    x, state, loss, g = new_x, new_state, new_loss, new_g
+    hist[i // 10] = float(loss)
+  assert n == stop and diverged == (stop < 15)  # The cases meant.
+  assert int(res.iterations) == n and bool(res.diverged) == diverged
+  np.testing.assert_array_equal(res.labels_rec, y)
+  # Losses below tol (1e-9) are float noise: compared to an absolute 1e-8.
+  np.testing.assert_allclose(res.final_loss, loss, rtol=1e-3, atol=1e-8)
+  np.testing.assert_allclose(res.x_rec, x, atol=1e-3)
+  np.testing.assert_allclose(
+      res.loss_history, [hist.get(j, float(loss)) for j in range(10)],
+      rtol=1e-3, atol=1e-8)
 
 
 # ---------------------------------------------------------------- run_batch
