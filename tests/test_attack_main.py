@@ -157,10 +157,14 @@ def test_main_job_on_own_images(tmp_path):
                     str(tmp_path / "run2"), verbose=False)
 
 
+@pytest.mark.slow
 def test_default_dlg_line_search_reconstructs_where_the_paper_rule_diverges():
   """The main job's default image 16 (seed 0, the embedded CIFAR-10 sample):
   undefended, the paper's L-BFGS rule diverges and the default line search
-  reconstructs it (the README's table)."""
+  reconstructs it (the README's table). Slow: 2,000 line-search steps on
+  LeNet (the default suite's longest test, 60-130 s); the same behaviour on
+  logistic regression is test_attacks_batch.py's
+  test_line_search_converges_where_plain_lbfgs_diverges."""
   import jax  # pylint: disable=g-import-not-at-top
   from repdef_jax import gradients  # pylint: disable=g-import-not-at-top
   from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
