@@ -376,18 +376,20 @@ def test_visual_claims_follow_rules():
       "inconclusive (attacks fail undefended)"}
 
 
+def _gs_point(defense, strength, gs, best):
+  """A visual point from per-image SSIMs of GS and of the best of the suite."""
+  return {"defense": defense, "strength": strength, "per_attack": {
+      name: {"ssim": _ci(v), "success_rate": float(np.mean(
+          [x >= 0.6 for x in v]))} for name, v in (("gs", gs),
+                                                    ("best", best))}}
+
+
 def test_visual_soteria_against_gs_alone_and_the_adaptive_best():
   config = _visual_config()
   config.attacks = ("gs", "gs_mask")
 
-  def point(defense, strength, gs, best):
-    return {"defense": defense, "strength": strength, "per_attack": {
-        name: {"ssim": _ci(v), "success_rate": float(np.mean(
-            [x >= 0.6 for x in v]))} for name, v in (("gs", gs),
-                                                      ("best", best))}}
-
-  points = [point("none", 0.0, [0.99, 0.97, 0.98], [0.99, 0.98, 0.99]),
-            point("soteria", 60.0, [0.05, 0.1, 0.02], [0.9, 0.95, 0.85])]
+  points = [_gs_point("none", 0.0, [0.99, 0.97, 0.98], [0.99, 0.98, 0.99]),
+            _gs_point("soteria", 60.0, [0.05, 0.1, 0.02], [0.9, 0.95, 0.85])]
   rows = visual.claims(config, points)
   assert [(r["claim"].split("(")[1].split(";")[0], r["verdict"])
           for r in rows] == [("gs alone, the paper's attack", "held"),
@@ -420,14 +422,9 @@ def test_visual_paper_attack_is_judged_by_its_own_undefended_success():
   config = _visual_config()
   config.attacks = ("gs", "gs_mask")
 
-  def point(defense, strength, gs, best):
-    return {"defense": defense, "strength": strength, "per_attack": {
-        name: {"ssim": _ci(v), "success_rate": float(np.mean(
-            [x >= 0.6 for x in v]))} for name, v in (("gs", gs),
-                                                      ("best", best))}}
-
-  points = [point("none", 0.0, [0.3, 0.2, 0.1], [0.99, 0.98, 0.99]),
-            point("soteria", 60.0, [0.05, 0.1, 0.02], [0.05, 0.1, 0.02])]
+  points = [_gs_point("none", 0.0, [0.3, 0.2, 0.1], [0.99, 0.98, 0.99]),
+            _gs_point("soteria", 60.0, [0.05, 0.1, 0.02],
+                      [0.05, 0.1, 0.02])]
   assert [r["verdict"] for r in visual.claims(config, points)] == [
       "inconclusive (attacks fail undefended)", "held"]
 
