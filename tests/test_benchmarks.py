@@ -111,6 +111,14 @@ def test_flops_per_cycle_by_vendor_and_flags():
   assert timing.flops_per_cycle("GenuineIntel", {"avx"})[0] == 16
 
 
+def test_generic_hypervisor_cpu_models_get_a_caveat():
+  for name in ("AMD EPYC", "QEMU Virtual CPU version 2.5+",
+               "Common KVM processor"):
+    assert "generic CPU model" in timing.generic_cpu_note(name)
+  for name in ("AMD EPYC 7B13", "Intel(R) Xeon(R) Processor", None):
+    assert timing.generic_cpu_note(name) == ""
+
+
 def test_peak_is_raised_to_a_faster_measured_sgemm():
   nominal = {"gflops": 100.0, "how": "2 cores x 1 GHz x 50 FLOP/cycle"}
   kept = timing.raise_to_measured(nominal, {"XLA": 90.0})

@@ -209,6 +209,23 @@ def flops_per_cycle(vendor: str, flags: set[str]) -> tuple[int, str]:
   return 16, "1 add + 1 multiply pipe x 8 fp32 lanes; no FMA"
 
 
+# Model names a hypervisor reports for its generic CPU types (QEMU's named
+# models), where the host's chip, and so its FMA width, is unknown.
+GENERIC_CPU_MODELS = ("AMD EPYC", "AMD EPYC Processor", "Common KVM processor",
+                      "QEMU Virtual CPU")
+
+
+def generic_cpu_note(model_name: str | None) -> str:
+  """A caveat for the peak when ``model_name`` is a hypervisor's generic CPU
+  type (the FLOP/cycle is then inferred from the flags alone), else ''."""
+  name = (model_name or "").strip()
+  if name in GENERIC_CPU_MODELS or "QEMU" in name:
+    return (f"; the hypervisor reports a generic CPU model ('{name}'): the "
+            "host chip is unknown, so FLOP/cycle follows from the flags "
+            "alone (compare the measured sgemm)")
+  return ""
+
+
 def cpu_peak() -> dict[str, Any]:
   """fp32 peak GFLOP/s of this CPU and how it is derived.
 
@@ -235,7 +252,9 @@ def cpu_peak() -> dict[str, Any]:
                             f"{lscpu.get('model')}",
       "how": (f"{n} cores x {ghz:.3f} GHz x {per_cycle} FLOP/cycle ({why})"
               f"; clock: max of /proc/cpuinfo 'cpu MHz' and lscpu 'CPU max "
-              f"MHz'; cores: sched_getaffinity" if ghz else "unknown clock"),
+              f"MHz'; cores: sched_getaffinity"
+              f"{generic_cpu_note(lscpu.get('model name'))}"
+              if ghz else "unknown clock"),
   }
 
 
