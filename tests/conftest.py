@@ -74,3 +74,18 @@ def child_env():
     return env
 
   return make
+
+
+@pytest.fixture()
+def t_interval():
+  """``f(values) -> (mean, low, high)``: the mean and 95 % Student-t
+  interval of ``values``, a SciPy reference for the library's intervals."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+
+  def f(values):
+    v = np.asarray(values, np.float64)
+    half = stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size)
+    return v.mean(), v.mean() - half, v.mean() + half
+
+  return f

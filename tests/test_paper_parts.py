@@ -14,7 +14,6 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from scipy import stats as scipy_stats
 
 from repdef_jax import models
 from repdef_jax.paper import adaptive
@@ -429,7 +428,8 @@ def test_visual_paper_attack_is_judged_by_its_own_undefended_success():
       "inconclusive (attacks fail undefended)", "held"]
 
 
-def test_reconstruction_summary_success_at_threshold_and_seed_intervals():
+def test_reconstruction_summary_success_at_threshold_and_seed_intervals(
+    t_interval):
   """The whole-gradient success rate counts SSIM == SUCCESS_SSIM; the
   paired representation - gradient interval is over the seeds' means."""
   def cell(seed, rep, grad):
@@ -449,12 +449,9 @@ def test_reconstruction_summary_success_at_threshold_and_seed_intervals():
   d = out["ssim_representation_minus_gradient"]
   per_seed = [np.mean(np.subtract(c["representation"]["ssim"],
                                   c["gradient"]["ssim"])) for c in cells]
-  half = (scipy_stats.t.ppf(0.975, 2) * np.std(per_seed, ddof=1)
-          / np.sqrt(3))
-  assert d["mean"] == pytest.approx(np.mean(per_seed))
-  assert (d["low"], d["high"]) == (
-      pytest.approx(np.mean(per_seed) - half),
-      pytest.approx(np.mean(per_seed) + half))
+  mean, low, high = t_interval(per_seed)
+  assert (d["mean"], d["low"], d["high"]) == (
+      pytest.approx(mean), pytest.approx(low), pytest.approx(high))
 
 
 def test_certified_rates_must_include_the_undefended_reference():

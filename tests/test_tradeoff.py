@@ -11,7 +11,6 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from scipy import stats as scipy_stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -260,14 +259,6 @@ def test_best_of_ignores_diverged_attacks_and_counts_all_diverged():
   assert point["ssim"] == [0.2, 0.7]
 
 
-def _t_interval(values):
-  """Mean and 95 % Student-t interval of ``values`` (a NumPy reference)."""
-  v = np.asarray(values, np.float64)
-  half = scipy_stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / np.sqrt(
-      v.size)
-  return v.mean(), v.mean() - half, v.mean() + half
-
-
 def test_best_of_picks_each_metric_on_its_own():
   """Each best-of metric comes from the attack best at that metric: max SSIM
   and PSNR, min clamped and raw MSE."""
@@ -282,7 +273,7 @@ def test_best_of_picks_each_metric_on_its_own():
   assert (best["psnr"], best["psnr_attack"]) == (30.0, "b")
 
 
-def test_point_summary_boundaries_seeds_and_round0_divergence():
+def test_point_summary_boundaries_seeds_and_round0_divergence(t_interval):
   """An SSIM equal to success_ssim is a success; a run that diverged at
   round 0 is a diverged seed (NaN accuracy); the interval is over the seeds'
   means and the median over the images."""
@@ -300,7 +291,7 @@ def test_point_summary_boundaries_seeds_and_round0_divergence():
     s = point["per_attack"][name]
     assert s["success_rate"] == pytest.approx(2 / 6)  # 0.6 and 0.9
     assert s["ssim"]["median"] == pytest.approx(np.median(flat))  # 0.4
-    mean, low, high = _t_interval([np.mean(vs) for vs in ssims.values()])
+    mean, low, high = t_interval([np.mean(vs) for vs in ssims.values()])
     assert (s["ssim"]["mean"], s["ssim"]["low"], s["ssim"]["high"]) == (
         pytest.approx(mean), pytest.approx(low), pytest.approx(high))
     assert s["ssim"]["n"] == 6 and s["ssim"]["groups"] == 3
