@@ -112,29 +112,6 @@ def read_json(path: str, default: Any = None) -> Any:
                        "move it aside.") from error
 
 
-def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
-  """Writes ``rows`` as JSON lines to ``path`` atomically (whole file)."""
-  write_text(path, "".join(
-      json.dumps(r, default=_json_default) + "\n" for r in rows))
-
-
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-  """Reads JSON lines, ignoring a torn last line (never written by us)."""
-  if not os.path.exists(path):
-    return []
-  rows = []
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      line = line.strip()
-      if not line:
-        continue
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        break
-  return rows
-
-
 def pyplot() -> Any:
   """``matplotlib.pyplot`` on the non-interactive Agg backend (files only).
 

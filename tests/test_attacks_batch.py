@@ -309,6 +309,52 @@ def test_progress_quiet_and_printed(setup, capsys):
   assert "ETA" in err[0] and "done in" in err[1]
 
 
+def test_progress_host_events_rates_and_eta(monkeypatch):
+  """The host side on hand-made calls and a fake clock: the first call only
+  starts the clock, speed counts iterations since that call, the ETA is the
+  rest of the budget at that speed (0 when final), events go to the
+  reporter of the run's start, and a finished run is forgotten."""
+  clock = iter([10.0, 12.0, 14.0, 15.0])
+  monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+  events, later = [], []
+  with progress.reporting(events.append):
+    run_id = int(progress.start_run())
+  with progress.reporting(later.append):
+    # The clock starts at iteration 10 (callbacks are unordered).
+    progress._host("gs", 100, run_id, 10, np.array([3.0]), 1, False)
+    progress._host("gs", 100, run_id, 30, np.array([2.0, 1.0]), 2, False)
+    progress._host("gs", 100, run_id, 50, np.array([1.0]), 0, True)
+    progress._host("gs", 100, run_id, 60, np.array([1.0]), 0, False)
+  assert not later
+  assert [(e.iteration, e.final, e.running) for e in events] == [
+      (30, False, 2), (50, True, 0)]
+  first, last = events
+  # 20 iterations in 2 s: 10 it/s, 70 iterations left.
+  assert first.elapsed == pytest.approx(2.0)
+  assert first.eta == pytest.approx(7.0)
+  assert last.elapsed == pytest.approx(4.0) and last.eta == 0.0
+  np.testing.assert_array_equal(first.losses, [2.0, 1.0])
+  assert first.losses.dtype == np.float64
+  assert run_id not in progress._runs
+
+
+def test_progress_print_reporter_lines(capsys):
+  """One line per event: the median is over the finite losses only."""
+  event = progress.Event("dlg", 5, 20, np.array([9.0, np.nan, 1.0, 2.0]), 2,
+                         1.0, 3.0, False)
+  progress.print_reporter(event)
+  progress.print_reporter(event._replace(losses=np.array([np.inf]),
+                                         final=True))
+  progress.print_reporter(event._replace(losses=np.array([0.5]),
+                                         iteration=20, elapsed=4.0,
+                                         final=True))
+  assert capsys.readouterr().err.splitlines() == [
+      "[dlg] 5/20 loss min 1.000e+00 median 2.000e+00 (2/4 running) "
+      "1.0 s, ETA 3 s",
+      "[dlg] 5/20 diverged (no finite loss) done in 1.0 s",
+      "[dlg] 20/20 loss 5.000e-01 done in 4.0 s"]
+
+
 def test_bad_progress_and_restarts_values(setup):
   model, params, grads, keys, _ = setup
   g = _member(grads, 0)

@@ -286,6 +286,35 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
   assert not out.exists()
 
 
+def test_cli_passes_its_options_and_goes_on_after_a_failure(monkeypatch,
+                                                            capsys):
+  """Every option reaches data.prepare; a failing name is reported on one
+  line and the names after it are still prepared, with exit status 1."""
+  from repdef_jax import data_cli  # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def prepare(name, **kwargs):
+    calls.append((name, kwargs))
+    if name == "cifar10":
+      raise OSError("no route")
+    return {"test": f"/c/{name}/test.npz", "train": f"/c/{name}/train.npz"}
+
+  monkeypatch.setattr(data_cli.data, "prepare", prepare)
+  status = data_cli.main(["prepare", "cifar10", "mnist", "--mirror=/m",
+                          "--checksums=/s.txt", "--cache_dir=/c",
+                          "--timeout=2.5"])
+  assert status == 1
+  options = dict(cache_dir="/c", mirror="/m", checksums="/s.txt",
+                 timeout=2.5)
+  assert calls == [("cifar10", options), ("mnist", options)]
+  out, err = capsys.readouterr()
+  assert err == "repdef-data: cifar10: no route\n"
+  assert out == "mnist: ready (test, train) in /c/mnist\n"
+  assert data_cli.main(["prepare", "mnist"]) == 0
+  assert calls[-1] == ("mnist", dict(cache_dir=None, mirror=None,
+                                     checksums=None, timeout=None))
+
+
 def test_fetch_passes_its_timeout_to_every_connection(monkeypatch):
   """The timeout given, else $REPDEF_JAX_DOWNLOAD_TIMEOUT, else 15 s, is the
   one urlopen gets (a checked but unused timeout would hang on a dead

@@ -58,6 +58,38 @@ def test_noniid_seeding():
   assert not all(np.array_equal(a, b) for a, b in zip(first, other))
 
 
+def test_noniid_classes_and_samples_are_drawn_at_random():
+  """Ties between equally used classes and the examples taken from a class
+  are random: over seeds, the first client gets different class pairs and a
+  one-class client different examples, not always the lowest ones."""
+  labels = _labels(per_class=50)
+  pairs, samples = set(), set()
+  for seed in range(20):
+    [part] = partition.noniid(labels, num_clients=1, classes_per_client=2,
+                              samples_per_class=5, seed=seed)
+    pairs.add(tuple(np.unique(labels[part])))
+    [single] = partition.noniid(labels, num_clients=1, classes_per_client=10,
+                                samples_per_class=5, seed=seed)
+    samples.add(tuple(np.sort(single)))
+  # 45 possible pairs: 20 seeds that all pick one pair would be a fixed rule.
+  assert len(pairs) > 5
+  assert len(samples) == 20
+
+
+def test_noniid_parts_are_grouped_in_increasing_class_order():
+  """Each client's indices come class by class, classes increasing."""
+  labels = _labels(per_class=40)
+  for seed in range(5):
+    parts = partition.noniid(labels, num_clients=9, classes_per_client=3,
+                             samples_per_class=4, seed=seed)
+    for part in parts:
+      part_labels = labels[part]
+      assert np.all(np.diff(part_labels) >= 0), part_labels
+      # Each class is one contiguous block of samples_per_class.
+      np.testing.assert_array_equal(np.unique(part_labels,
+                                              return_counts=True)[1], 4)
+
+
 def test_noniid_errors_state_the_numbers():
   labels = _labels(per_class=50)
   with pytest.raises(ValueError, match=r"classes_per_client=11.*\(10\)"):
@@ -126,6 +158,18 @@ def test_dirichlet_redraws_until_min_size():
                                 np.arange(len(labels)))
 
 
+def test_dirichlet_min_size_bounds_are_inclusive():
+  """min_size x num_clients == N is allowed and met exactly: 2 examples,
+  2 clients, min_size 1 gives each client one example."""
+  labels = np.array([0, 0])
+  for seed in range(3):
+    parts = partition.dirichlet(labels, num_clients=2, alpha=1.0, seed=seed,
+                                min_size=1)
+    assert sorted(p.tolist() for p in parts) == [[0], [1]]
+  with pytest.raises(ValueError, match="min_size=2"):
+    partition.dirichlet(labels, num_clients=2, alpha=1.0, seed=0, min_size=2)
+
+
 def test_dirichlet_skew_and_errors():
   labels = _labels(per_class=200)
   skewed = partition.class_counts(
@@ -161,6 +205,8 @@ def test_pack():
 
   wide = partition.pack(images, labels, parts, max_examples=5)
   assert wide.x.shape[1] == 5
+  exact = partition.pack(images, labels, parts, max_examples=3)
+  np.testing.assert_array_equal(exact.x, data.x)
   with pytest.raises(ValueError, match="Client 0 has 3 examples.*=2"):
     partition.pack(images, labels, parts, max_examples=2)
 

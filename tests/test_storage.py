@@ -14,6 +14,10 @@ def test_json_round_trip_with_numpy(tmp_path):
   path = str(tmp_path / "r.json")
   storage.write_json(path, {"a": np.float32(1.5), "b": np.arange(3), "c": np.inf})
   assert storage.read_json(path) == {"a": 1.5, "b": [0, 1, 2], "c": float("inf")}
+  # 0-d arrays (not NumPy scalars) keep their Python type.
+  storage.write_json(path, {"n": np.array(3), "x": np.array(0.25)})
+  got = storage.read_json(path)
+  assert got == {"n": 3, "x": 0.25} and isinstance(got["n"], int)
   assert storage.read_json(str(tmp_path / "missing.json"), {}) == {}
 
 
@@ -40,15 +44,6 @@ def test_failed_write_keeps_old_file_and_leaves_no_temp(tmp_path):
     storage.write_json(path, {"bad": Boom()})
   assert storage.read_json(path) == {"ok": 1}
   assert os.listdir(tmp_path) == ["r.json"]
-
-
-def test_jsonl_ignores_torn_last_line(tmp_path):
-  path = str(tmp_path / "m.jsonl")
-  storage.write_jsonl(path, [{"round": 1}, {"round": 2}])
-  with open(path, "a") as f:
-    f.write('{"round": 3, "lo')
-  assert storage.read_jsonl(path) == [{"round": 1}, {"round": 2}]
-  assert storage.read_jsonl(str(tmp_path / "none.jsonl")) == []
 
 
 def test_save_figure_is_atomic(tmp_path):
@@ -87,11 +82,12 @@ def test_atomic_writes_get_the_umask_mode(tmp_path):
 @pytest.mark.parametrize("write", [
     lambda p: storage.write_bytes(p, b"new"),
     lambda p: storage.write_text(p, "new"),
-    lambda p: storage.write_jsonl(p, [{"new": 1}])])
+    lambda p: storage.write_json(p, {"new": 1})])
 def test_a_write_failing_before_it_lands_keeps_the_old_file(tmp_path,
                                                            monkeypatch, write):
-  """Bytes, text and JSON lines go through a temporary file: an error before
-  the rename (here fsync) leaves the old content and no temporary."""
+  """Bytes, text and JSON go through a temporary file that is synced
+  before the rename: an error there (here fsync) leaves the old content and
+  no temporary."""
   path = tmp_path / "r.bin"
   path.write_bytes(b"old")
 
@@ -103,3 +99,36 @@ def test_a_write_failing_before_it_lands_keeps_the_old_file(tmp_path,
     write(str(path))
   assert path.read_bytes() == b"old"
   assert os.listdir(tmp_path) == ["r.bin"]
+
+
+def test_compilation_cache_folder_argument_environment_and_off(
+    tmp_path, monkeypatch):
+  """The argument wins, then $REPDEF_JAX_COMPILATION_CACHE, then a folder
+  under ~/.cache; '' (argument or environment) or an uncreatable folder
+  turns the cache off without touching JAX's settings."""
+  import jax  # pylint: disable=g-import-not-at-top
+  updates = {}
+  monkeypatch.setattr(jax.config, "update",
+                      lambda name, value: updates.__setitem__(name, value))
+  env_dir = str(tmp_path / "env")
+  monkeypatch.setenv("REPDEF_JAX_COMPILATION_CACHE", env_dir)
+  assert storage.enable_compilation_cache() == env_dir
+  assert os.path.isdir(env_dir)
+  assert updates["jax_compilation_cache_dir"] == env_dir
+  arg_dir = str(tmp_path / "arg")
+  assert storage.enable_compilation_cache(arg_dir) == arg_dir
+  assert updates["jax_compilation_cache_dir"] == arg_dir
+  monkeypatch.delenv("REPDEF_JAX_COMPILATION_CACHE")
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  home_dir = str(tmp_path / "home" / ".cache" / "repdef_jax" /
+                 "jax_compilation")
+  assert storage.enable_compilation_cache() == home_dir
+  assert updates["jax_compilation_cache_dir"] == home_dir
+  updates.clear()
+  assert storage.enable_compilation_cache("") is None
+  monkeypatch.setenv("REPDEF_JAX_COMPILATION_CACHE", "")
+  assert storage.enable_compilation_cache() is None
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  assert storage.enable_compilation_cache(str(blocker / "sub")) is None
+  assert not updates
