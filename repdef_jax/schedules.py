@@ -12,6 +12,8 @@ passes to a schedule.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import optax
 
@@ -20,11 +22,15 @@ def constant(lr: float) -> optax.Schedule:
   """eta_t = lr.
 
   Raises:
-    ValueError: lr <= 0.
+    ValueError: lr is not a finite number > 0.
   """
-  if not lr > 0:
-    raise ValueError(f"learning rate must be > 0, got {lr}.")
-  return optax.constant_schedule(float(lr))
+  try:
+    value = float(lr)
+  except (TypeError, ValueError):
+    value = math.nan
+  if not (math.isfinite(value) and value > 0):
+    raise ValueError(f"learning rate must be a finite number > 0, got {lr}.")
+  return optax.constant_schedule(value)
 
 
 def theorem2_gamma(mu: float, smoothness: float, local_steps: int) -> float:

@@ -519,9 +519,9 @@ CASES = [
          match="out of range for num_classes=3"),
     # ---- schedules ------------------------------------------------------
     Case("schedules.constant: lr 0", lambda e: schedules.constant(0.0),
-         match="learning rate must be > 0"),
+         match="learning rate must be a finite number > 0"),
     Case("schedules.constant: lr NaN", lambda e: schedules.constant(
-        float("nan")), match="learning rate must be > 0"),
+        float("nan")), match="learning rate must be a finite number > 0"),
     Case("schedules.theorem2: mu 0", lambda e: schedules.theorem2(0.0, 1.0, 1),
          match="mu must be > 0"),
     Case("schedules.theorem2: L < mu",

@@ -139,6 +139,13 @@ def test_cluster_environment_detection(monkeypatch):
   monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "123;tcp://10.0.0.1:5000")
   monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
   assert distributed.cluster_environment() == "ompi"
+  monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
+  assert distributed.cluster_environment() is None  # One Open MPI process.
+  monkeypatch.delenv("OMPI_MCA_orte_hnp_uri")
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "t0")
+  assert distributed.cluster_environment() is None  # A single-host TPU.
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "t0,t1")
+  assert distributed.cluster_environment() == "tpu"
   monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
   assert distributed.cluster_environment() == "env"
 
@@ -147,6 +154,8 @@ def test_cluster_environment_detection(monkeypatch):
     (dict(num_processes=2), "needs coordinator_address"),
     (dict(coordinator_address="localhost", num_processes=2), "host:port"),
     (dict(coordinator_address="localhost:1", num_processes=2, process_id=2),
+     r"process_id must be in \[0, num_processes\)"),
+    (dict(coordinator_address="localhost:1", num_processes=2, process_id=-1),
      r"process_id must be in \[0, num_processes\)"),
 ])
 def test_bad_distributed_settings_fail_clearly(kwargs, match):

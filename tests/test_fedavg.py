@@ -349,6 +349,30 @@ def test_theorem2_schedule_matches_formula():
     schedules.constant(0.0)
 
 
+def test_schedule_settings_at_their_boundaries():
+  """L == mu and one local step are valid, zero steps are not;
+  get_schedule('theorem2') takes every constant (kappa = 2, gamma =
+  max(16, I))."""
+  assert schedules.theorem2_gamma(0.5, 0.5, 1) == 8
+  with pytest.raises(ValueError, match="local_steps"):
+    schedules.theorem2(1.0, 1.0, 0)
+  for steps in (4, 40):
+    sched = schedules.get_schedule("theorem2", 9.0, mu=0.5, smoothness=1.0,
+                                   local_steps=steps)
+    gamma = max(16, steps)
+    for t in (0, 3):
+      assert float(sched(t)) == pytest.approx(2 / (0.5 * (gamma + t)),
+                                              rel=1e-6)
+  assert float(schedules.get_schedule("constant", 0.25)(5)) == 0.25
+
+
+def test_constant_schedule_refuses_an_infinite_rate():
+  """A diverging run is not a valid schedule (it was accepted once)."""
+  for lr in (float("inf"), "fast"):
+    with pytest.raises(ValueError, match="a finite number > 0"):
+      schedules.constant(lr)
+
+
 def test_schedule_is_indexed_by_global_step(logreg):
   sched = schedules.theorem2(0.1, 0.2, 2)
   config = fedavg.FedAvgConfig(clients_per_round=1, local_steps=2,

@@ -167,6 +167,7 @@ def test_bad_input_gives_clear_errors(mock_env):
       ({"server_lr": 0.0}, "server_lr must be a finite number > 0"),
       ({"server_lr": -1.0}, "server_lr must be a finite number > 0"),
       ({"server_lr": float("nan")}, "server_lr must be a finite number > 0"),
+      ({"client_lr": float("inf")}, "client_lr must be a finite number > 0"),
       ({"model": "convnet64", "model_kwargs": {"widht": 3}},
        "Unknown keyword argument.* widht for model 'convnet64'; it accepts "
        "width"),
@@ -305,3 +306,50 @@ def test_orbax_info_lines_are_dropped_warnings_kept(mock_env):
   assert not emitted(logging.INFO, orbax_file)
   assert emitted(logging.WARNING, orbax_file)
   assert emitted(logging.INFO, training.__file__)  # our round lines stay
+
+
+def test_fedavg_config_takes_every_run_setting():
+  """Each run setting reaches FedAvg: values unlike FedAvgConfig's defaults,
+  the server step checked on a gradient (server_lr, not client_lr)."""
+  model = models.get_model("logreg", (4, 4, 1), 4)
+  config = _config(clients_per_round=3, local_steps=4, batch_size=5,
+                   client_lr=0.3, l2=0.02, weighting="size", replace=False,
+                   defense_at="update", server_lr=0.5)
+  fcfg = training.build_fedavg_config(config, model)
+  assert (fcfg.clients_per_round, fcfg.local_steps, fcfg.local_epochs,
+          fcfg.batch_size, fcfg.l2, fcfg.weighting, fcfg.replace,
+          fcfg.defense_at, fcfg.defense) == (3, 4, 0, 5, 0.02, "size", False,
+                                              "update", None)
+  assert float(fcfg.client_lr(9)) == pytest.approx(0.3)
+  g = {"w": np.array([2.0, -4.0], np.float32)}
+  opt = fcfg.server_optimizer
+  updates, _ = opt.update(g, opt.init(g), g)
+  np.testing.assert_allclose(updates["w"], [-1.0, 2.0], rtol=1e-6)
+
+
+def test_clients_per_round_may_equal_num_clients_without_replacement():
+  """Sampling every client once is allowed; one more is refused."""
+  check = training._check_config  # pylint: disable=protected-access
+  check(_config(num_clients=4, clients_per_round=4, replace=False))
+  with pytest.raises(ValueError, match="exceeds num_clients"):
+    check(_config(num_clients=4, clients_per_round=5, replace=False))
+
+
+def test_build_data_sizes_follow_the_partition_settings(mock_env):
+  """iid clients hold samples_per_client examples, noniid ones
+  classes_per_client * samples_per_class; the test split is cut to
+  max_test_examples (the mock has NUM_MOCK per split) and batched by
+  eval_batch, padding masked out."""
+  config = _config(partition="iid", num_clients=3, samples_per_client=7,
+                   samples_per_class=2, max_test_examples=30, eval_batch=20,
+                   data_dir=str(mock_env / "data"))
+  clients, test, _, fp = training.build_data(config, with_fingerprint=True)
+  assert np.asarray(clients.sizes).tolist() == [7, 7, 7]
+  assert (fp["train_examples"], fp["test_examples"]) == (NUM_MOCK, 30)
+  assert np.asarray(test.mask).shape == (2, 20)
+  assert float(np.asarray(test.mask).sum()) == 30
+  config = _config(partition="noniid", num_clients=3, classes_per_client=2,
+                   samples_per_class=4, samples_per_client=7,
+                   data_dir=str(mock_env / "data"))
+  clients, _, _ = training.build_data(config)
+  assert np.asarray(clients.sizes).tolist() == [8, 8, 8]

@@ -2,18 +2,22 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+import types
 
 import jax
+from jax._src import xla_bridge
 import pytest
 
 from repdef_jax import fedavg
 from repdef_jax import host
 
 _PROBE = ("import json, jax, repdef_jax; from repdef_jax import fedavg; "
-          "m = fedavg.client_mesh('auto', 10); print(json.dumps("
-          "[jax.device_count(), None if m is None else m.size]))")
+          "ms = [fedavg.client_mesh('auto', k) for k in (10, 2)]; "
+          "print(json.dumps([jax.device_count()] + "
+          "[None if m is None else m.size for m in ms]))")
 
 
 def _probe(child_env, **env_vars):
@@ -26,18 +30,20 @@ def _probe(child_env, **env_vars):
 
 
 def test_cpu_devices_on_request_give_a_client_mesh(child_env):
-  assert _probe(child_env, **{host.ENV: "3"}) == [3, 3]
+  # The mesh spans min(devices, clients): 3 devices, 10 or 2 clients.
+  assert _probe(child_env, **{host.ENV: "3"}) == [3, 3, 2]
   cores = host.usable_cores()
   assert _probe(child_env, **{host.ENV: "0"}) == [
-      cores, None if cores < 2 else min(cores, 10)]
+      cores, None if cores < 2 else min(cores, 10),
+      None if cores < 2 else 2]
 
 
 def test_one_device_by_default_and_user_settings_kept(child_env):
-  assert _probe(child_env) == [1, None]
-  assert _probe(child_env, **{host.ENV: "1"}) == [1, None]
+  assert _probe(child_env) == [1, None, None]
+  assert _probe(child_env, **{host.ENV: "1"}) == [1, None, None]
   assert _probe(
       child_env, XLA_FLAGS="--xla_force_host_platform_device_count=4") == [
-      4, 4]
+      4, 4, 2]
 
 
 @pytest.mark.parametrize("value", ["two", "-1", "1.5"])
@@ -116,6 +122,74 @@ def test_sequential_map_is_lax_map_unrolled_on_cpu(n):
   assert (ours == ref).all()
   assert _scan_unrolls(lambda a: host.sequential_map(f, a), xs) == (
       [min(host.CPU_LOOP_UNROLL, n)] if n > 1 else [1])
+  # Chunks of one item are single items: unrolled the same.
+  assert _scan_unrolls(lambda a: host.sequential_map(f, a, batch_size=1),
+                       xs) == _scan_unrolls(
+                           lambda a: host.sequential_map(f, a), xs)
   # Chunks of several items stay lax.map's (vmapped chunks, one per trip).
   chunked = jax.jit(lambda a: host.sequential_map(f, a, batch_size=2))(xs)
   assert jax.numpy.allclose(chunked, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_configure_asks_jax_only_when_nothing_else_set_the_count(
+    monkeypatch):
+  """Before JAX starts: the requested count goes to ``jax_num_cpu_devices``
+  unless XLA_FLAGS or jax_num_cpu_devices already set a count (a fake JAX
+  config records what would be asked)."""
+  asked = []
+  monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+
+  def configure(env=None, flags="", preset=-1):
+    monkeypatch.setattr(host.jax, "config", types.SimpleNamespace(
+        jax_num_cpu_devices=preset, update=lambda *a: asked.append(a)))
+    if env is None:
+      monkeypatch.delenv(host.ENV, raising=False)
+    else:
+      monkeypatch.setenv(host.ENV, env)
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    return host.configure_cpu_devices()
+
+  assert configure() is False and not asked
+  assert configure("3", "--xla_force_host_platform_device_count=4") is False
+  assert configure("3", preset=2) is False
+  assert not asked
+  assert configure("3", "--xla_backend_optimization_level=1") is True
+  assert asked == [("jax_num_cpu_devices", 3)]
+
+
+def test_zero_devices_means_the_cores_this_process_may_use(monkeypatch):
+  """``0`` counts the cores of the affinity mask, not every core."""
+  if not hasattr(os, "sched_getaffinity"):
+    pytest.skip("no affinity mask on this OS")
+  monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: {0})
+  monkeypatch.setattr(host.os, "cpu_count", lambda: 64)
+  monkeypatch.setenv(host.ENV, "0")
+  assert host.usable_cores() == 1
+  assert host.cpu_device_count() == 1
+  monkeypatch.setenv(host.ENV, " 5 ")
+  assert host.cpu_device_count() == 5
+
+
+def test_cpuinfo_reads_the_first_matching_line():
+  """The value after the first colon, stripped, of the first line whose
+  lower-cased start is the key (read here with a regex)."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      text = f.read()
+  except OSError:
+    pytest.skip("no /proc/cpuinfo")
+  assert host.cpuinfo("no such key here") is None
+  match = re.search(r"^model name\s*:[ \t]*(.*?)[ \t]*$", text,
+                    re.MULTILINE | re.IGNORECASE)
+  if match is None:
+    pytest.skip("no 'model name' line")
+  assert host.cpuinfo("model name") == match.group(1)
+  assert host.describe()["cpu"] == match.group(1)
+
+
+def test_sequential_map_is_not_unrolled_off_cpu(monkeypatch):
+  """On GPU/TPU the loop stays lax.map's (one item per trip)."""
+  xs = jax.numpy.ones((4, 3))
+  monkeypatch.setattr(host.jax, "default_backend", lambda: "gpu")
+  assert _scan_unrolls(lambda a: host.sequential_map(jax.numpy.sin, a),
+                       xs) == [1]
