@@ -54,6 +54,7 @@ def test_auto_jacobian_picks_fewer_passes():
   assert S.resolve_jacobian("auto", 432, 36) == "fwd"
   assert S.resolve_jacobian("auto", 48, 192) == "rev"
   assert S.resolve_jacobian("rev", 432, 36) == "rev"
+  assert S.resolve_jacobian("auto", 36, 36) == "rev"  # 'fwd' iff D < F.
   with pytest.raises(ValueError, match="jacobian"):
     S.resolve_jacobian("backward", 4, 4)
 
@@ -119,10 +120,14 @@ def test_count_mask_exact_count_and_tie_break():
   np.testing.assert_array_equal(m, [1, 1, 1, 0, 0, 1, 1, 1])
   with pytest.raises(ValueError, match="inactive must have the shape"):
     S.mask_from_scores(scores, 25, selection="count", inactive=inactive[:5])
-  # traced percent works under jit
-  mj = jax.jit(lambda p: S.mask_from_scores(scores, p, selection="count"))(25.0)
-  np.testing.assert_array_equal(mj, S.mask_from_scores(scores, 25,
-                                                       selection="count"))
+  # traced percent works under jit, rounded like a concrete one (20 % and
+  # 60 % of 8 are 1.6 and 4.8 features: 2 and 5 pruned)
+  masked = jax.jit(lambda p: S.mask_from_scores(scores, p, selection="count"))
+  for pct, n_pruned in [(25.0, 2), (20.0, 2), (60.0, 5)]:
+    mj = masked(pct)
+    np.testing.assert_array_equal(mj, S.mask_from_scores(scores, pct,
+                                                         selection="count"))
+    assert int(jnp.sum(mj == 0)) == n_pruned, pct
 
 
 def test_count_is_exact_at_half_ties():
@@ -284,6 +289,7 @@ def test_relu_effective_fraction_and_count_selection():
 def test_padding_mask_changes_nothing():
   model, params, x, y = _setup("mlp", (4, 4, 1), b=4, hidden=(16,))
   xp = x.at[2:].set(jax.random.uniform(jax.random.key(9), x[2:].shape))
+  xp = xp.at[3, 0, 0, 0].set(jnp.nan)  # NaN padding: not scored, not flagged
   mask = jnp.array([1, 1, 0, 0])
   d = S.soteria(model, 50, selection="count")
   g = gradients.batch_grad(model, params, x[:2], y[:2])
@@ -384,6 +390,95 @@ def test_get_defense_registry():
   odd = odd.__class__(**{**odd.__dict__, "defended_path": ("nohead",)})
   with pytest.raises(ValueError, match="defended linear layer"):
     D.get_defense("soteria", 10, model=odd)
+
+
+# --------------------------------------------------------------------------
+# Known-answer tests of the pieces (mutation audit): no model, tiny shapes.
+
+
+def test_exact_score_rank_deficient_jacobian_matches_numpy_pinv():
+  """Dependent rows: J^+ needs the singular-value cutoff (numpy's pinv)."""
+  rng = np.random.default_rng(3)
+  a1, a2 = rng.normal(size=(2, 6))
+  a = np.stack([a1, a2, a1 + a2, 2.0 * a1]).astype(np.float32)  # rank 2
+  x = rng.normal(size=(2, 6)).astype(np.float32)
+  r = x @ a.T
+  jac = np.broadcast_to(a, (2, *a.shape))
+  got = S.scores_from_jacobian(jnp.asarray(r), jnp.asarray(jac), score="exact")
+  pinv = np.linalg.pinv(a.astype(np.float64), rcond=1e-5)  # [D, F]
+  want = -np.sum(np.abs(r) * np.linalg.norm(pinv, axis=0)[None], axis=0)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-3, atol=1e-5)
+
+
+def test_scores_weighted_sum_uses_weight_values_and_drops_padding():
+  """sum_b w_b * score_b; a padded example's inf (r = -eps) never leaks."""
+  rng = np.random.default_rng(4)
+  eps = 0.1
+  r = rng.uniform(0.5, 2.0, size=(3, 4)).astype(np.float32)
+  r[2, 1] = -eps  # padded example: 1 / (r + eps) = inf
+  jac = rng.normal(size=(3, 4, 5)).astype(np.float32)
+  w = np.array([0.5, 2.0, 0.0], np.float32)
+  want = np.zeros(4)
+  for b in range(2):  # the real examples only
+    for i in range(4):
+      want[i] += w[b] * np.linalg.norm(jac[b, i]) / (r[b, i] + eps)
+  got = S.scores_from_jacobian(jnp.asarray(r), jnp.asarray(jac), eps=eps,
+                               weights=jnp.asarray(w))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
+
+
+def test_pruning_info_hand_worked():
+  keep = jnp.array([0.0, 0.0, 1.0, 1.0])
+  info = S.pruning_info(keep, jnp.array([True, False, True, False]))
+  # 2 of 4 pruned; of them only feature 0 is active; 2 active features.
+  for k, v in {"pruned_fraction": 0.5, "effective_pruned_fraction": 0.25,
+               "pruned_fraction_of_active": 0.5, "active_fraction": 0.5
+               }.items():
+    np.testing.assert_allclose(float(info[k]), v, err_msg=k)
+  # No active feature: nothing effectively pruned, of none active -> 0.
+  info = S.pruning_info(keep, jnp.zeros(4, bool))
+  for k, v in {"pruned_fraction": 0.5, "effective_pruned_fraction": 0.0,
+               "pruned_fraction_of_active": 0.0, "active_fraction": 0.0
+               }.items():
+    np.testing.assert_allclose(float(info[k]), v, err_msg=k)
+
+
+def test_apply_row_scale_prunes_nonfinite_rows_and_scales_others():
+  kernel = np.array([[np.nan, 1.0], [np.inf, -2.0], [3.0, 4.0],
+                     [np.nan, 5.0]], np.float32)
+  grads = {"head": {"kernel": jnp.asarray(kernel), "bias": jnp.ones(2)}}
+  out = S.apply_row_scale(grads, jnp.array([0.0, 0.0, 0.5, 1.0]), ("head",))
+  got = np.asarray(out["head"]["kernel"])
+  np.testing.assert_array_equal(got[:2], 0.0)  # pruned: exactly 0, no NaN
+  np.testing.assert_array_equal(got[2], [1.5, 2.0])
+  np.testing.assert_array_equal(got[3], kernel[3])  # kept row: NaN kept
+  np.testing.assert_array_equal(np.asarray(out["head"]["bias"]), 1.0)
+
+
+def test_defended_layer_rejects_a_non_dense_kernel():
+  tree = {"head": {"kernel": jnp.ones((3, 3, 1, 2))}}
+  with pytest.raises(ValueError, match="2-D kernel"):
+    S.defended_layer(tree, ("head",))
+  with pytest.raises(ValueError, match="2-D kernel"):
+    S.apply_mask(tree, jnp.ones(3), ("head",))
+
+
+def test_reference_score_of_a_signed_representation_logreg():
+  """logreg: r = x and J = I, so score_i = sum_b 1 / (x_bi + eps), signed r
+  (normalised pixels can be negative): no abs() on r."""
+  model = models.get_model("logreg", (2, 2, 1))
+  params = model.init(jax.random.key(0))
+  x = jnp.array([[1.0, -0.5, 0.3, 2.0],
+                 [0.5, -0.3, 1.0, -2.0]]).reshape(2, 2, 2, 1)
+  y = jnp.array([0, 1])
+  g = gradients.batch_grad(model, params, x, y)
+  out, _ = jax.jit(S.soteria(model, 50).apply)(
+      g, base.ClientBatch(params, x, y), jax.random.key(0))
+  scores = np.sum(1.0 / (np.asarray(x).reshape(2, -1) + model.score_eps), 0)
+  want = scores >= np.percentile(scores, 50)  # [1, 0, 1, 0] by hand
+  kept = np.any(np.asarray(out["head"]["kernel"]) != 0, axis=1)
+  np.testing.assert_array_equal(kept, want)
+  np.testing.assert_array_equal(want, [True, False, True, False])
 
 
 # --------------------------------------------------------------------------
