@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from experiments.benchmarks import driver
+from experiments.benchmarks import fedavg as fedavg_bench
 from experiments.benchmarks import timing
 from experiments.benchmarks import torch_peers
 from experiments.configs import tradeoff as tradeoff_config
 from repdef_jax import storage
+from repdef_jax.paper import cost
 from repdef_jax.paper import sweep
 
 HAS_TORCH = torch_peers.available()[0]
@@ -363,3 +365,114 @@ def test_device_check_script_rehearsed_on_cpu(tmp_path):
   notebooks = (gpu / "notebooks.log").read_text()
   assert notebooks.count("[device_check] colab/") == 3
   assert "Traceback" not in notebooks
+
+
+def test_timing_summary_sgemm_and_clock_by_hand(monkeypatch):
+  """Best (minimum) time, compile = first call - best, GFLOP/s; sgemm
+  counts 2 n^3 FLOPs at its best time; the peak takes the highest clock
+  and needs AVX2 and FMA both for 32 FLOP/cycle."""
+  out = timing._summary([3.0, 1.0, 2.0], 5.0, {}, 4e9)  # pylint: disable=protected-access
+  assert (out["seconds"], out["median_seconds"], out["compile_seconds"],
+          out["gflops"], out["repeats"]) == (1.0, 2.0, 4.0, 4.0, 3)
+  times = iter([0.5, 0.25, 1.0])
+  monkeypatch.setattr(timing, "_timed", lambda call: next(times))
+  assert timing.sgemm_gflops(lambda: None, 100, repeats=3) == pytest.approx(
+      2 * 100 ** 3 / 0.25 / 1e9)
+  info = {"cpu mhz": "2000.0", "flags": "avx2 fma",
+          "vendor_id": "AuthenticAMD", "model name": "AMD EPYC 7B13"}
+  monkeypatch.setattr(timing.host, "cpuinfo", info.get)
+  monkeypatch.setattr(timing.host, "usable_cores", lambda: 4)
+  monkeypatch.setattr(timing, "_lscpu", lambda: {"cpu max mhz": "3500.0"})
+  assert timing.cpu_peak()["gflops"] == pytest.approx(4 * 3.5 * 32)
+  for flags in ({"avx2"}, {"fma"}):
+    assert timing.flops_per_cycle("AuthenticAMD", flags)[0] == 16
+  # A measured sgemm equal to the nominal peak does not raise it.
+  kept = timing.raise_to_measured({"gflops": 100.0, "how": "n"},
+                                  {"XLA": 100.0})
+  assert kept["gflops"] == 100.0 and "above the nominal" not in kept["how"]
+
+
+def test_row_ratio_target_and_fraction_of_peak_by_hand():
+  """Ratio = peer / ours; a ratio equal to its target meets it; each
+  side's GFLOP/s and fraction of peak come from its own time."""
+  row = driver._row("p", "b", "c", {"seconds": 1.0}, "peer", {"seconds": 1.5},  # pylint: disable=protected-access
+                    1.5, 3e9, 6.0)
+  assert row["ratio"] == 1.5 and row["met"] is True
+  assert (row["ours_gflops"], row["peer_gflops"]) == (3.0, 2.0)
+  assert row["ours_peak_fraction"] == pytest.approx(0.5)
+  assert row["peer_peak_fraction"] == pytest.approx(2.0 / 6.0)
+  assert driver._row("p", "b", "c", {"seconds": 1.0}, "peer", {"seconds": 1.4},  # pylint: disable=protected-access
+                     1.5, None, None)["met"] is False
+
+
+def test_targets_met_counts_every_judged_row():
+  """'Targets met: k of n' counts ratio targets and the paper-rounds time
+  target (met given, no ratio target); estimated / measured by kind."""
+  rows = []
+  for name, target, met, ours in (("a", 1.5, True, 1.0), ("rounds", None,
+                                                           False, 2000.0),
+                                  ("b", None, None, 1.0)):
+    row = dict.fromkeys(ROW_KEYS)
+    row.update(part="fedavg", benchmark=name, config="c", ours_s=ours,
+               peer="t", target=target, met=met,
+               ratio=2.0 if target else None)
+    rows.append(row)
+  report = {"rows": rows, "settings": {"quick": True},
+            "preset_costs": [{"preset": "medium", "cells": 1, "cpu_h": 2.0,
+                              "gpu_h": 1.0, "by_model_h": {},
+                              "by_kind_h": {"train": 2.0},
+                              "measured_by_kind_h": {"train": 4.0}}]}
+  md = driver.render_markdown(report)
+  assert "Targets met: 1 of 2." in md
+  assert "| rounds | c | 2000 s | <= 1200 s | NOT met |" in md
+  assert "train 2.00 / 4.00 (0.5x)" in md
+  # Parts measured by one run need no per-part line.
+  stamp = {"git_commit": "x", "date_utc": "d"}
+  assert driver._measured_lines({"measured": {"fedavg": stamp,  # pylint: disable=protected-access
+                                              "defense": stamp}}) == []
+
+
+def test_measured_medium_run_by_kind_and_cpu(tmp_path, monkeypatch):
+  """The committed run's hours, by kind of cell and cells per CPU."""
+  run = {"cell_seconds": 12600.0, "cell_costs": [
+      {"kind": "train", "seconds": 3600.0, "cpu": "X"},
+      {"kind": "train", "seconds": 1800.0, "cpu": None},
+      {"kind": "attack", "seconds": 7200.0, "cpu": "X"}]}
+  storage.write_json(str(tmp_path / "run.json"), run)
+  monkeypatch.setattr(driver.costs, "MEASURED_MEDIUM", str(tmp_path /
+                                                           "run.json"))
+  est = {"cells": 3, "seconds": 7200.0, "gpu_seconds": 36.0,
+         "by_model": {"m": 7200.0}, "by_kind": {"train": 3600.0,
+                                                "attack": 3600.0},
+         "unknown": [], "extrapolated": []}
+  monkeypatch.setattr(cost, "estimate", lambda *a, **k: est)
+  monkeypatch.setattr(sweep, "plan", lambda config: [])
+  (p,) = driver.costs.preset_costs({}, presets=("medium",))
+  assert (p["cpu_h"], p["gpu_h"], p["measured_h"]) == (2.0, 0.01, 3.5)
+  assert p["by_kind_h"] == {"train": 1.0, "attack": 1.0}
+  assert p["measured_by_kind_h"] == {"train": 1.5, "attack": 2.0}
+  assert p["measured_cpus"] == {"X": 2, "not recorded": 1}
+
+
+def test_paper_rounds_scale_by_client_steps_and_add_one_compile(
+    monkeypatch):
+  """total = compile + rounds x round, the round scaled from the measured
+  client-steps to the paper's 10 clients x 5 steps; the PyTorch peer
+  (which compiles nothing) extrapolated the same way, without compile."""
+  bench = timing.Bench(fn=None, flops=10.0)
+  monkeypatch.setattr(fedavg_bench, "build_round", lambda *a, **k: bench)
+  monkeypatch.setattr(fedavg_bench, "torch_round", lambda b: None)
+  ours = {"seconds": 2.0, "compile_seconds": 7.0, "memory": {}}
+  monkeypatch.setattr(timing, "measure", lambda *a, **k: ours)
+  monkeypatch.setattr(timing, "compare",
+                      lambda *a, **k: (ours, {"seconds": 3.0}))
+  out = fedavg_bench.paper_rounds(200, 60.0, clients=2, local_steps=1)
+  assert out["scale"] == 25.0  # (10 x 5) / (2 x 1)
+  assert out["round_s"] == 50.0 and out["estimate_s"] == 7.0 + 200 * 50.0
+  assert out["flops_per_round"] == 250.0 and out["torch_estimate_s"] is None
+  out = fedavg_bench.paper_rounds(100, None, clients=10, local_steps=5,
+                                  with_torch=True)
+  assert out["scale"] == 1.0 and out["estimate_s"] == 7.0 + 100 * 2.0
+  out = fedavg_bench.paper_rounds(100, None, clients=5, local_steps=5,
+                                  with_torch=True)
+  assert out["torch_round_s"] == 6.0 and out["torch_estimate_s"] == 600.0

@@ -484,6 +484,50 @@ def test_convergence_claims_follow_rules():
   assert row["verdict"] == "held"
 
 
+def test_convergence_summary_over_the_seeds_that_did_not_diverge(
+    t_interval):
+  """F(w_0), F(w_T) (the last round), their paired drop, the final accuracy
+  and the per-round bands are over the seeds that did not diverge."""
+  def cell(seed, initial, loss, accuracy, diverged=None):
+    return {"seed": seed, "initial_loss": initial, "round": [1, 2, 3],
+            "global_loss": loss, "test_accuracy": accuracy,
+            "diverged_at_round": diverged}
+
+  cells = [cell(0, 2.0, [1.5, 1.2, 1.0], [0.5, 0.6, 0.7]),
+           cell(1, 2.2, [1.8, 1.5, 1.2], [0.4, 0.6, 0.8]),
+           cell(2, 2.6, [1.6, 1.1, 0.7], [0.3, 0.5, 0.9]),
+           cell(3, 2.1, [1.9, 9.0, 50.0], [0.1, 0.1, 0.1], diverged=2)]
+  out = convergence.summarize({"name": "s", "defense": "none"}, cells)
+  assert out["seeds"] == [0, 1, 2, 3] and out["diverged_seeds"] == [3]
+  assert out["round"] == [1, 2, 3]
+  for name, values in (("initial_loss", [2.0, 2.2, 2.6]),
+                       ("final_loss", [1.0, 1.2, 0.7]),
+                       ("loss_drop", [1.0, 1.0, 1.9]),
+                       ("final_accuracy", [0.7, 0.8, 0.9])):
+    mean, low, high = t_interval(values)
+    assert (out[name]["mean"], out[name]["low"], out[name]["high"]) == (
+        pytest.approx(mean), pytest.approx(low), pytest.approx(high)), name
+  assert out["global_loss_mean"] == pytest.approx([4.9 / 3, 3.8 / 3, 2.9 / 3])
+  assert out["test_accuracy_low"][1] == pytest.approx(
+      t_interval([0.6, 0.6, 0.5])[1])
+
+
+def test_convergence_settings_vary_steps_then_devices_once_each():
+  """Local steps at the base K, then sampled devices at the base I, the
+  base pair once; 'soteria' at the base strength, 'soteria:s' at s."""
+  config = ml_collections.ConfigDict({
+      "base": {"clients_per_round": 10, "local_steps": 5,
+               "defense_strength": 40.0},
+      "local_steps": (1, 5), "clients_per_round": (5, 10),
+      "defenses": ("none", "soteria", "soteria:30"), "max_settings": 0})
+  names = [s["name"] for s in convergence.settings(config)]
+  assert names == [f"I{i}_K{k}_{d}" for i, k in ((1, 10), (5, 10), (5, 5))
+                   for d in ("none", "soteria40", "soteria30")]
+  strengths = {s["label"]: s["strength"]
+               for s in convergence.settings(config)}
+  assert strengths == {"none": 0.0, "soteria40": 40.0, "soteria30": 30.0}
+
+
 # --------------------------------------------------------------------------
 # The batched attack suite.
 

@@ -507,3 +507,118 @@ def test_committed_tables_give_every_mean_its_interval():
     # No interval only where diverged runs left fewer than two seeds.
     assert all("[" in c or re.search(r"\(\d+ div\)$", c)
                for row in t["rows"] for c in row[first_attack:]), t["title"]
+
+
+def _fake_flops(monkeypatch, flops, features=1):
+  """Forward FLOPs by model key from ``flops`` (no model is compiled)."""
+  monkeypatch.setattr(cost, "_forward_flops", lambda key: flops[key])
+  monkeypatch.setattr(cost, "_num_features", lambda key: features)
+
+
+def test_cost_rates_budgets_and_unit_prices_by_hand():
+  """Rates pool seconds over work; DLG iterations count restarts; a DLG
+  outer-step price covers its inner steps; Soteria cells take the Soteria
+  step price, undefended ones the plain price."""
+  rate = cost.rates([
+      {"model": "m", "kind": "train", "family": "plain", "seconds": 1.0,
+       "work": 1.0},
+      {"model": "m", "kind": "train", "family": "plain", "seconds": 9.0,
+       "work": 3.0}])
+  assert rate == {("m", "train", "plain"): pytest.approx(10.0 / 4.0)}
+  budgets = {"dlg": {"outer_steps": 3, "inner_steps": 5, "restarts": 2},
+             "gs": {"iterations": 7, "restarts": 2, "local_steps": 3}}
+  assert cost._iterations_by_attack(budgets, ("dlg", "gs", "gs_mask")) == {  # pylint: disable=protected-access
+      "dlg": 3 * 5 * 2, "gs": 2 * 7 * 2 * 3}
+
+  config = tradeoff_cfg.get_config("tiny")
+  config.panels.logreg_mnist.attacks = ("dlg",)
+  config.attack_budgets.dlg.restarts = 3
+  tc = sweep.panel_config(config, "logreg_mnist")
+  unit = {"models": {"lr": {"name": "logreg", "kwargs": {}}},
+          "fedavg_step": {"lr": {"mnist": {str(tc.batch_size): {
+              "plain_s": 0.01, "soteria_s": 0.5}}}},
+          "dlg_outer_step_s": {"lr": 0.4}, "gs_iteration_s": {"lr": 0.002},
+          "dlg_inner_steps": 20}
+  steps = tc.rounds * tc.clients_per_round * tc.local_steps
+  dlg_its = 2 * 2 * 3  # outer x inner x restarts of the tiny budget
+  want = {("train", "none"): steps * 0.01, ("train", "soteria"): steps * 0.5,
+          ("attack", "none"): config.num_images * dlg_its * 0.4 / 20,
+          ("attack", "soteria"): config.num_images * dlg_its * 0.4 / 20}
+  cells = [c for c in sweep.plan(config) if c["kind"] != "update"]
+  assert {(c["kind"], c["defense"]) for c in cells} == set(want)
+  for c in cells:
+    assert cost.unit_seconds(config, c, unit) == pytest.approx(
+        want[(c["kind"], c["defense"])]), c
+
+
+def test_cost_extrapolates_from_the_nearest_model_and_skips_finished_cells(
+    tmp_path, monkeypatch):
+  """An untimed model is priced from the peer nearest in forward FLOPs,
+  scaled by their FLOP ratio; a finished cell costs nothing more and gives
+  the rate of its kind."""
+  config = tradeoff_cfg.get_config("tiny")
+  config.panels.logreg_mnist.model = "mlp"
+  cells = sweep.plan(config)
+  # 'near' is 4x cheaper than mlp (|ln 4| < |ln 25|), 'far' 25x dearer.
+  _fake_flops(monkeypatch, {"mlp/mnist": 4e3, "near/mnist": 1e3,
+                            "far/mnist": 1e5})
+  kinds = {(c["kind"], cost.family(c["defense"])) for c in cells}
+  near = {k: 0.5 + i for i, k in enumerate(sorted(kinds))}
+  # Seconds per unit of work: 'near' at `near`, 'far' 100x that.
+  ref = [{"model": m, "kind": k, "family": f, "seconds": factor * r * 2.0,
+          "work": 2.0}
+         for m, factor in (("near/mnist", 1.0), ("far/mnist", 100.0))
+         for (k, f), r in near.items()]
+  storage.write_json(str(tmp_path / "ref.json"), {"cell_costs": ref})
+  est = cost.estimate(config, cells, None, reference=str(tmp_path / "ref.json"),
+                      units="")
+  want = sum(near[(c["kind"], cost.family(c["defense"]))] * 4.0 *
+             cost.work(config, c) for c in cells)
+  assert est["seconds"] == pytest.approx(want)
+  assert est["extrapolated"] == ["mlp/mnist from near/mnist"]
+
+  # One finished undefended training cell: skipped, and its rate prices
+  # nothing else (the other cells have no rate, no unit cost, no peer).
+  config = tradeoff_cfg.get_config("tiny")
+  cells = sweep.plan(config)
+  _fake_flops(monkeypatch, {"logreg/mnist": 1e3})
+  (done,) = [c for c in cells if c["kind"] == "train" and
+             c["defense"] == "none"]
+  storage.write_json(
+      str(tmp_path / "run" / "cells" / f"{sweep.cell_name(done)}.json"),
+      {"cell_seconds": 123.0})
+  est = cost.estimate(config, cells, str(tmp_path / "run"), reference="",
+                      units="")
+  assert est["finished"] == 1 and est["cells"] == len(cells)
+  assert est["seconds"] == 0.0 and "train" not in est["by_kind"]
+  assert len(est["unknown"]) == 4  # soteria training, 2 attacks, updates
+
+
+def test_gpu_seconds_follow_the_flop_model(monkeypatch):
+  """Training: (3 + 2 x features with Soteria) forwards per example and
+  step; attacks: 4 (GS) forwards per iteration for all images at once;
+  never faster than the floor per step or iteration."""
+  config = tradeoff_cfg.get_config("tiny")
+  config.num_images = 3
+  fwd, features = 2e9, 7
+  _fake_flops(monkeypatch, {"logreg/mnist": fwd}, features)
+  tc = sweep.panel_config(config, "logreg_mnist")
+  b = tc.batch_size
+  steps = tc.rounds * tc.clients_per_round * tc.local_steps
+  gs_its = 2 * config.attack_budgets.gs.iterations  # gs and gs_mask
+  floor = cost.GPU_STEP_FLOOR_S
+  want = {
+      ("train", "none"): steps * max(3 * b * fwd / cost.GPU_FLOPS, floor),
+      ("train", "soteria"): steps * max((3 + 2 * features) * b * fwd /
+                                        cost.GPU_FLOPS, floor),
+      ("attack", "none"): gs_its * max(4 * 3 * fwd / cost.GPU_FLOPS, floor)}
+  assert 3 * b * fwd / cost.GPU_FLOPS > floor  # above the floor
+  for c in sweep.plan(config):
+    k = (c["kind"], c["defense"])
+    if k in want:
+      assert cost.gpu_seconds(config, c) == pytest.approx(want[k]), k
+  # A tiny model takes the floor for every step.
+  _fake_flops(monkeypatch, {"logreg/mnist": 1.0}, features)
+  (train,) = [c for c in sweep.plan(config) if c["kind"] == "train" and
+              c["defense"] == "soteria"]
+  assert cost.gpu_seconds(config, train) == pytest.approx(steps * floor)
