@@ -6,6 +6,7 @@ files it writes and that a rerun reuses the finished cells.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -32,6 +33,7 @@ from repdef_jax.paper import theorem1  # noqa: E402
 from repdef_jax.paper import tradeoff  # noqa: E402
 from repdef_jax import training  # noqa: E402
 from repdef_jax.paper import settings  # noqa: E402
+from repdef_jax.paper import sweep  # noqa: E402
 from repdef_jax.paper import visual  # noqa: E402
 
 NUM_MOCK = 120
@@ -66,6 +68,37 @@ def test_presets_exist():
   for cfg in (visual_cfg, certified_cfg, adaptive_cfg, convergence_cfg,
               repinfer_cfg):
     assert len(cfg.get_config("medium").seeds) >= 3
+
+
+def test_presets_keep_the_protocol_and_the_paper_scale():
+  """medium: >= 3 seeds and >= 8 images per point (pooled over seeds; the
+  trade-off: 8 per seed); full: the paper's split, rounds and ConvNet64."""
+  for cfg in (visual_cfg, certified_cfg, adaptive_cfg, tradeoff_cfg):
+    medium = cfg.get_config("medium")
+    assert len(medium.seeds) >= 3, cfg.__name__
+    assert len(medium.seeds) * medium.num_images >= 8, cfg.__name__
+  for preset in ("medium", "full"):
+    assert tradeoff_cfg.get_config(preset).num_images >= 8
+  paper_split = (100, 2, 100, 10)
+  full = tradeoff_cfg.get_config("full")
+  assert {full.panels[p].dataset for p in full.panels} == {"mnist",
+                                                           "cifar10"}
+  for name in full.panels:
+    train = sweep.panel_config(full, name)
+    assert (train.num_clients, train.classes_per_client,
+            train.samples_per_class, train.clients_per_round) == paper_split
+    assert train.rounds == {"mnist": 200, "cifar10": 1000}[train.dataset], (
+        name)
+    if train.model.startswith("convnet"):
+      assert train.model == "convnet64", name
+      assert train.model_kwargs.to_dict().get("width", 64) == 64, name
+  conv = convergence_cfg.get_config("full").base
+  assert (conv.num_clients, conv.classes_per_client, conv.samples_per_class,
+          conv.clients_per_round, conv.rounds) == (*paper_split, 200)
+  adaptive_full = adaptive_cfg.get_config("full")
+  for panel in adaptive_full.panels.values():
+    if panel.model.startswith("convnet"):
+      assert panel.get("model_kwargs", {}).get("width", 64) == 64
 
 
 _PERCENT = r"percent must be a number in \[0, 100\], got 150"
@@ -152,6 +185,38 @@ def test_config_flag_error_names_the_field_or_the_preset():
                "--config.panels.logreg_mnist.attacks=('gs',)") is None
   assert error("attack", "--workdir=/tmp/x", "--", "--config.nope=1") is None
   assert error("attack") is None
+
+
+def test_config_flag_error_checks_negated_overrides():
+  attack = os.path.join(config_entry.CONFIG_DIR, "attack.py")
+  assert "--config.zzz: no such field" in config_entry.config_flag_error(
+      ["prog", "--noconfig.zzz"], attack)
+
+
+_SHORTCUT_MAIN = """
+from absl import app
+from experiments import config_entry
+def run(config, workdir):
+  print("VALUES", config.preset, config.mock_data, config.report_only)
+main = config_entry.make_main(
+    "reproduce", run, lambda result, workdir: None,
+    shortcuts={"preset": ("quick", "tiny"), "mock_data": None,
+               "report_only": None})
+app.run(main)
+"""
+
+
+def test_shortcut_flags_override_the_config_even_when_false(tmp_path):
+  """--mock_data=0 / --noreport_only win over --config.FIELD (and 0 / False
+  are values, not 'not given')."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run(
+      [sys.executable, "-c", _SHORTCUT_MAIN, f"--workdir={tmp_path}",
+       "--config.mock_data=5", "--mock_data=0", "--config.report_only=True",
+       "--noreport_only", "--preset=tiny"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "VALUES tiny 0 False" in out.stdout
 
 
 def _claims_ok(result):
@@ -308,6 +373,131 @@ def test_reproduce_reruns_a_part_whose_config_changed(tmp_path, monkeypatch):
   config.write_text("RATE = 2\n")
   runs = reproduce.run_parts("tiny", workdir, None, ["convergence"])
   assert len(calls) == 2 and runs["convergence"]["status"] == "done"
+
+
+def test_part_command_passes_data_dir_mock_data_and_seeds():
+  config = "--config=experiments/configs/visual.py:tiny"
+  assert reproduce.part_command("visual", "tiny", "w", "/d", mock_data=5,
+                                seeds=(1,)) == [
+      sys.executable, "-m", "experiments.mock_run", "5", "experiments.visual",
+      "--workdir=w", config, "--data_dir=/d", "--config.seeds=(1,)"]
+  assert reproduce.part_command("visual", "tiny", "w", None) == [
+      sys.executable, "-m", "experiments.visual", "--workdir=w", config]
+
+
+def _fake_parts(tmp_path, monkeypatch, returncode=0):
+  """Config files of every part under a fake root; parts' runs are stubbed.
+
+  Returns:
+    The list that receives each stubbed run's argv, and a setter of the
+    return code of the next runs.
+  """
+  root = tmp_path / "root"
+  configs = root / "experiments" / "configs"
+  configs.mkdir(parents=True)
+  for part in reproduce.PART_ORDER:
+    (configs / f"{part}.py").write_text(f"PART = {part!r}\n")
+  monkeypatch.setattr(reproduce, "ROOT", str(root))
+  calls, code = [], [returncode]
+  monkeypatch.setattr(reproduce.subprocess, "call",
+                      lambda cmd, cwd: calls.append(cmd) or code[0])
+  return calls, lambda rc: code.__setitem__(0, rc)
+
+
+def test_reproduce_reruns_a_part_whose_command_changed(tmp_path,
+                                                       monkeypatch):
+  calls, _ = _fake_parts(tmp_path, monkeypatch)
+  workdir = str(tmp_path / "work")
+  for _ in range(2):  # The same seeds: the second run reuses the part.
+    runs = reproduce.run_parts("tiny", workdir, None, ["visual"], seeds=(7,))
+  assert len(calls) == 1 and runs["visual"]["status"] == "done (reused)"
+  # Other seeds (same config file): the part runs again with them.
+  runs = reproduce.run_parts("tiny", workdir, None, ["visual"], seeds=(8,))
+  assert len(calls) == 2 and runs["visual"]["status"] == "done"
+  assert calls[-1][-1] == "--config.seeds=(8,)"
+  with open(os.path.join(workdir, "visual", "PART_DONE.json"),
+            encoding="utf-8") as f:
+    assert json.load(f)["command"].endswith(" '--config.seeds=(8,)'")
+
+
+def test_reproduce_failed_part_is_recorded_and_rerun(tmp_path, monkeypatch):
+  calls, set_rc = _fake_parts(tmp_path, monkeypatch, returncode=3)
+  workdir = str(tmp_path / "work")
+  runs = reproduce.run_parts("tiny", workdir, None, ["visual", "certified"])
+  assert len(calls) == 2  # A failed part does not stop the others.
+  assert [runs[p]["status"] for p in ("visual", "certified")] == [
+      "FAILED (exit 3)"] * 2
+  assert not os.path.exists(os.path.join(workdir, "visual", "PART_DONE.json"))
+  set_rc(0)
+  runs = reproduce.run_parts("tiny", workdir, None, ["visual"])
+  assert len(calls) == 3 and runs["visual"]["status"] == "done"
+  assert os.path.exists(os.path.join(workdir, "visual", "PART_DONE.json"))
+
+
+def test_reproduce_runs_parts_in_paper_order_and_keeps_records(
+    tmp_path, monkeypatch, capsys):
+  calls, _ = _fake_parts(tmp_path, monkeypatch)
+  workdir = str(tmp_path / "work")
+  reproduce.run_parts("quick", workdir, None,
+                      ["adaptive", "convergence", "tradeoff"])
+  # sys.executable -m experiments.<part>: the paper's order, not the given.
+  assert [c[2] for c in calls] == ["experiments.tradeoff",
+                                   "experiments.convergence",
+                                   "experiments.adaptive"]
+  # ETA: the measured seconds of this part and of the ones after it.
+  quick = reproduce.MEASURED_SECONDS["quick"]
+  etas = [int(line.split("ETA ~")[1].split("s")[0])
+          for line in capsys.readouterr().out.splitlines() if "ETA ~" in line]
+  assert etas == [quick["tradeoff"] + quick["convergence"] + quick["adaptive"],
+                  quick["convergence"] + quick["adaptive"], quick["adaptive"]]
+  # A later run of another part keeps the earlier parts' records.
+  runs = reproduce.run_parts("quick", workdir, None, ["visual"])
+  assert set(runs) == {"tradeoff", "convergence", "adaptive", "visual"}
+  with open(os.path.join(workdir, "reproduce.json"), encoding="utf-8") as f:
+    assert set(json.load(f)) == set(runs)
+
+
+def _reproduce_config(**overrides):
+  from experiments.configs import reproduce as reproduce_cfg  # pylint: disable=g-import-not-at-top
+  config = reproduce_cfg.get_config()
+  config.update(dict(preset="tiny", report_only=True, parts=""), **overrides)
+  return config
+
+
+def test_reproduce_run_lists_failed_parts_and_summary_exits(tmp_path,
+                                                             capsys):
+  workdir = tmp_path / "work"
+  workdir.mkdir()
+  (workdir / "reproduce.json").write_text(json.dumps({
+      "visual": {"status": "FAILED (exit 2)", "seconds": 5.0},
+      "convergence": {"status": "done (reused)", "seconds": 7.0}}))
+  result = reproduce.run(_reproduce_config(), str(workdir))
+  assert result["failed"] == ["visual"]
+  assert os.path.exists(result["report"])
+  with pytest.raises(SystemExit) as exit_info:
+    reproduce.summary(result, str(workdir))
+  assert exit_info.value.code == 1
+  out = capsys.readouterr().out
+  assert "wall time 12s" in out and "FAILED parts: visual" in out
+  reproduce.summary({**result, "failed": []}, str(workdir))  # No exit.
+
+
+def test_reproduce_run_checks_parts_and_publish(tmp_path, monkeypatch):
+  with pytest.raises(ValueError, match=r"unknown parts \['nope'\]"):
+    reproduce.run(_reproduce_config(parts="tradeoff,nope"),
+                  str(tmp_path / "a"))
+  # A subset of the parts is fine.
+  reproduce.run(_reproduce_config(parts="convergence"), str(tmp_path / "b"))
+  # The same folder, named relatively and absolutely, is refused.
+  reference = tmp_path / "ref"
+  shutil.copytree(os.path.join(ROOT, "docs", "results", "convergence"),
+                  reference / "convergence")
+  monkeypatch.chdir(tmp_path)
+  for compare_with, publish in (("ref", str(reference)),
+                                (str(reference), "./ref")):
+    with pytest.raises(ValueError, match="publish must differ"):
+      reproduce.run(_reproduce_config(compare_with=compare_with,
+                                      publish=publish), str(tmp_path / "c"))
 
 
 @pytest.mark.slow

@@ -48,6 +48,29 @@ def test_notebook_is_clean_and_self_describing(path):
   assert "# @param" in code[2].source and "is_tiny()" in code[2].source
 
 
+@pytest.mark.parametrize("value,tiny", [
+    (None, False), ("", False), ("0", False), ("1", True), ("yes", True)])
+def test_is_tiny_reads_the_environment(monkeypatch, value, tiny):
+  """Only an unset, empty or '0' REPDEF_JAX_NOTEBOOK_TINY is a full run."""
+  from repdef_jax.paper import notebook  # pylint: disable=g-import-not-at-top
+  if value is None:
+    monkeypatch.delenv(notebook.TINY_ENV, raising=False)
+  else:
+    monkeypatch.setenv(notebook.TINY_ENV, value)
+  assert notebook.is_tiny() is tiny
+
+
+def test_device_summary_names_the_backend_jax_uses():
+  import jax  # pylint: disable=g-import-not-at-top
+  from repdef_jax.paper import notebook  # pylint: disable=g-import-not-at-top
+  line = notebook.device_summary()
+  platform = jax.devices()[0].platform
+  assert line.startswith(f"jax {jax.__version__}, {len(jax.devices())} x ")
+  assert ("no GPU: running on the CPU" in line) == (platform == "cpu")
+  assert (f"{platform.upper()} present, JAX uses it" in line) == (
+      platform != "cpu")
+
+
 @pytest.mark.parametrize("model,given,init", [
     ("lenet", None, "uniform"), ("convnet64", None, "default"),
     ("lenet5", None, "default"), ("convnet64", "uniform", "uniform"),
