@@ -5,6 +5,8 @@ import json
 import os
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -57,6 +59,11 @@ def test_main_job_end_to_end_and_resume(tmp_path):
   with tfds.testing.mock_data(num_examples=8):
     again = attack_main.run(CONFIG, workdir, verbose=False)
   assert again["images"] == on_disk["images"]
+  # A resumed run redraws a lost reconstructions.png from the recon files.
+  os.remove(os.path.join(workdir, "reconstructions.png"))
+  with tfds.testing.mock_data(num_examples=8):
+    attack_main.run(CONFIG, workdir, verbose=False)
+  assert os.path.getsize(os.path.join(workdir, "reconstructions.png")) > 0
   # Different config in the same workdir: a clear error.
   with pytest.raises(ValueError, match="another --workdir"):
     with tfds.testing.mock_data(num_examples=8):
@@ -294,3 +301,132 @@ def test_drop_attack_on_a_one_layer_model_is_refused_up_front(attack):
                                  "dataset": "mnist"})
   # A model with layers below the defended one keeps them.
   assert attack_main.validate_config({"attack": attack})["attack"] == attack
+
+
+def test_progress_every_spreads_lines_over_the_run(monkeypatch):
+  monkeypatch.delenv(data.QUIET_ENV, raising=False)
+  # DLG: iterations are outer L-BFGS steps of 20 inner iterations each.
+  assert attack_main.progress_every("dlg", 3) == 3 * 20 // 4
+  assert attack_main.progress_every("gs", 8) == 2
+  assert attack_main.progress_every("gs", 10, lines=3) == 3
+  assert attack_main.progress_every("gs", 2) == 1  # at least every step
+  monkeypatch.setenv(data.QUIET_ENV, "0")  # "0" does not silence
+  assert attack_main.progress_every("gs", 8) == 2
+  monkeypatch.setenv(data.QUIET_ENV, "1")
+  assert attack_main.progress_every("gs", 8) == 0
+
+
+def test_true_gradient_problem_on_hand_made_trees():
+  ok = {"a": np.zeros((2, 3)), "b": np.array([0.0, 1e-30])}
+  assert attack_main.true_gradient_problem(ok) is None  # one leaf non-zero
+  zero = {"a": np.zeros((2, 3)), "b": np.zeros(2)}
+  assert "all zeros" in attack_main.true_gradient_problem(zero)
+  bad = {"a": np.zeros((2, 3)), "b": np.array([1.0, np.inf])}
+  assert "NaN or inf" in attack_main.true_gradient_problem(bad)
+
+
+def test_reconstructions_round_trip_in_order(tmp_path):
+  rng = np.random.default_rng(0)
+  original, undefended, defended = (rng.random((4, 4, 1)) for _ in range(3))
+  attack_main._save_recon(str(tmp_path), 7, original, undefended, defended)
+  got = attack_main._load_recon(str(tmp_path), 7, original * 0)
+  for a, b in zip(got, (original, undefended, defended)):
+    np.testing.assert_array_equal(a, b)
+  # No file: the original and two gray (NaN) columns.
+  got = attack_main._load_recon(str(tmp_path), 8, original)
+  np.testing.assert_array_equal(got[0], original)
+  assert got[1].shape == got[2].shape == original.shape
+  assert np.all(np.isnan(got[1])) and np.all(np.isnan(got[2]))
+
+
+def test_table_row_and_readme_block_on_a_hand_made_entry():
+  run_ = lambda mse, sec, div: {"mse": mse, "psnr": 10 * mse, "ssim": mse / 10,
+                                "diverged": div, "seconds": sec}
+  entry = {"index": 12, "label": 3, "undefended": run_(0.5, 1.25, False),
+           "defended": {**run_(2.0, 2.5, True),
+                        "pruned_fraction_effective": 0.25}}
+  fields = attack_main.table_row(entry, "9s").split()
+  assert fields == ["12", "3", "|", "0.5", "5", "0.05", "False", "|", "2",
+                    "20", "0.2", "True", "0.25", "|", "3.8", "9s"]
+  error = {"index": 4, "label": 1, "error": "ValueError: x", "file": "a.png"}
+  assert attack_main.table_row(error) == "     4     1 | ValueError: x a.png"
+  config = {**attack_main.DEFAULT_CONFIG, "attack": "gs", "model": "lenet",
+            "dataset": "mnist", "strength": 60.0}
+  block = attack_main.readme_block({"config": config,
+                                    "images": [entry, error]}).splitlines()
+  assert block[0] == attack_main.README_BEGIN
+  assert block[-1] == attack_main.README_END
+  assert block[2].startswith("gs on lenet/mnist, defense soteria(60);")
+  assert block[4:6] == [attack_main.table_row(entry),
+                        attack_main.table_row(error)]
+
+
+@pytest.mark.parametrize("key", ["num_images", "iterations"])
+def test_counts_below_one_are_refused(key):
+  with pytest.raises(ValueError, match=f"{key} must be >= 1"):
+    attack_main.validate_config({**CONFIG, key: 0})
+
+
+def test_attack_image_effective_pruning_counts_newly_zeroed_rows(monkeypatch):
+  """Without the defense's own count, the effective pruned fraction is the
+  share of the defended layer's rows that the defense zeroed and that were
+  not zero in the true gradient (an all-zero input pixel zeroes its row)."""
+  from repdef_jax import defenses  # pylint: disable=g-import-not-at-top
+  from repdef_jax import models  # pylint: disable=g-import-not-at-top
+  from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
+  model = models.get_model("logreg", (8, 8, 1), 4)
+  params = model.init(jax.random.key(0))
+  x = np.full((1, 8, 8, 1), 0.5, np.float32)
+  x.reshape(-1)[:8] = 0.0  # rows 0-7 of the kernel's gradient are zero
+
+  def zero_first_16_rows(g, batch, key):
+    del batch, key
+    g = jax.tree_util.tree_map(lambda t: t, g)
+    kernel = models.defended_params(model, g)["kernel"]
+    models.defended_params(model, g)["kernel"] = kernel.at[:16].set(0.0)
+    return g, {}
+
+  calls = []
+
+  def fake_attack(model_, params_, g, x_, y_, attack, key, **kwargs):
+    del model_, params_, x_, y_, attack, kwargs
+    calls.append((np.asarray(models.defended_params(model, g)["kernel"]),
+                  np.asarray(jax.random.key_data(key))))
+    m = {k: 0.0 for k in attack_main._KEPT}
+    return {**m, "label_accuracy": 1.0}, np.zeros((1, 8, 8, 1))
+
+  monkeypatch.setattr(harness, "attack_gradient", fake_attack)
+  und, dfd, _, _ = attack_main.attack_image(
+      model, params, "gs", defenses.Defense("rows", zero_first_16_rows),
+      jnp.asarray(x), jnp.asarray([1]), jax.random.key(1), jax.random.key(2),
+      iterations=2)
+  rows = len(calls[0][0])
+  assert dfd["pruned_fraction_effective"] == pytest.approx(8 / rows)
+  assert dfd["pruned_fraction_nominal"] == 0.0
+  assert und["label_correct"] and "pruned_fraction_effective" not in und
+  # The undefended run sees the true gradient, the defended one the shared;
+  # both from the same dummy.
+  assert np.any(calls[0][0][8:16] != 0) and np.all(calls[1][0][:16] == 0)
+  np.testing.assert_array_equal(calls[0][1], calls[1][1])
+
+
+def test_images_are_drawn_by_the_data_stream(monkeypatch):
+  """The chosen indices are ``keys.data``'s permutation of the pool (not the
+  attack or defense stream's), so a seed picks the same images whatever the
+  data source."""
+  from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
+  pool = np.arange(10 * 28 * 28, dtype=np.uint8).reshape(10, 28, 28, 1)
+  monkeypatch.setattr(data, "load_with_source", lambda *a, **k: (
+      pool, np.arange(10) % 7, data.Source("tfds", "ten images")))
+  config = attack_main.validate_config({**CONFIG, "num_images": 4})
+  model, _ = attack_main._build(config)
+  keys = harness.sweep_keys(3)
+  x, labels, chosen, kind, _, _ = attack_main._images(config, model, None,
+                                                      keys)
+  streams = {name: np.asarray(jax.random.permutation(getattr(keys, name), 10))
+             for name in ("data", "attack", "defense")}
+  assert chosen == streams["data"][:4].tolist()
+  assert chosen != streams["attack"][:4].tolist()
+  assert len(set(chosen)) == 4 and kind == "tfds"
+  np.testing.assert_allclose(x, pool / 255.0, atol=1e-7)
+  assert list(labels) == [i % 7 for i in range(10)]

@@ -90,3 +90,15 @@ def test_images_of_the_wrong_rank_raise(fn):
     fn(np.zeros((8, 8)), np.ones((8, 8)))
   with pytest.raises(ValueError, match="x_true must be images"):
     fn(np.zeros((1, 8, 8, 1)), np.ones((1, 1, 8, 8, 1)))
+
+
+def test_matching_reads_non_finite_reconstructions_as_clamped():
+  # Two flat 3 x 3 truths, 0.1 and 0.9. rec[0] is the 0.9 one with a NaN
+  # pixel (read as 0.5), rec[1] the 0.1 one with a +inf pixel (read as 1):
+  # by the clamped cost rec[1] matches x[0] and rec[0] matches x[1].
+  x = np.stack([np.full((3, 3, 1), 0.1), np.full((3, 3, 1), 0.9)])
+  rec = x[::-1].copy()
+  rec[0, 0, 0, 0] = np.nan
+  rec[1, 1, 1, 0] = np.inf
+  np.testing.assert_array_equal(metrics.match_images(rec, x), [1, 0])
+  np.testing.assert_array_equal(metrics.match_images(rec[::-1], x), [0, 1])

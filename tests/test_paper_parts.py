@@ -9,6 +9,7 @@ attack is stopped.
 """
 
 import os
+import types
 
 import jax
 import ml_collections
@@ -532,8 +533,9 @@ def test_convergence_settings_vary_steps_then_devices_once_each():
 # The batched attack suite.
 
 
-def test_batched_suite_equals_one_image_harness():
-  """K gradients attacked at once give each one's single-attack metrics."""
+def test_batched_suite_equals_one_image_harness(monkeypatch):
+  """K gradients attacked at once give each one's single-attack metrics;
+  a batch's wall time is shared equally by its K entries."""
   model = models.get_model("logreg", (8, 8, 1), 4, init="uniform")
   keys = harness.sweep_keys(0)
   params = model.init(keys.init)
@@ -544,9 +546,14 @@ def test_batched_suite_equals_one_image_harness():
   _, shared, _ = batched.defend_batch(model, params, defense, x, y, kd)
   budgets = {"gs": {"iterations": 20, "restarts": 1}}
   names = ("gs", "gs_mask")
+  clock = iter(np.arange(0.0, 100.0, 6.0))  # every batch takes 6 s
+  monkeypatch.setattr(batched, "time", types.SimpleNamespace(
+      perf_counter=lambda: float(next(clock))))
   entries, recs = batched.attack_suite(model, params, shared, x, y, names,
                                        ka, budgets=budgets, keep=("gs",))
+  monkeypatch.undo()
   assert recs["gs"].shape == (3, 1, 8, 8, 1)
+  assert [e["attacks"]["gs"]["seconds"] for e in entries] == [2.0] * 3
   for k in range(3):
     one = jax.tree_util.tree_map(lambda t, k=k: t[k], shared)
     _, one_shared, _ = harness.defend(model, params, defense, x[k], y[k],
@@ -597,3 +604,37 @@ def test_adaptive_table_mixes_attack_families():
   assert len(t["header"]) == 9 and all(len(r) == 9 for r in t["rows"])
   assert [r[4] for r in t["rows"]] == ["dlg, dlg_drop, dlg_mask",
                                        "gs, gs_drop, gs_mask"]
+
+
+def test_batched_summary_median_and_mean_of_finite_values():
+  s = batched.summary([4.0, 1.0, np.inf, 2.0, np.nan])
+  assert s["n"] == 3 and s["mean"] == pytest.approx(7 / 3)
+  assert s["median"] == 2.0  # of 1, 2, 4; not of the five values
+  assert "groups" not in s
+  assert batched.summary([np.nan])["median"] is None
+  s = batched.summary([1.0, 3.0, 10.0, 20.0], seeds=[0, 0, 1, 1])
+  assert s["groups"] == 2 and s["mean"] == pytest.approx((2 + 15) / 2)
+  assert s["median"] == 6.5
+  assert batched.interval(s).startswith(f"{s['mean']:.3g}"[:3])
+
+
+def test_pick_images_draws_distinct_images_of_the_pool():
+  keys = harness.sweep_keys(0)
+  pool_x, pool_y, source = harness.load_images("mnist", 12)
+  pick, x, y, got_source = batched.pick_images("mnist", 12, keys, pool=12)
+  assert sorted(pick.tolist()) == list(range(12))  # without replacement
+  assert got_source == source and x.shape == (12, 1, *pool_x.shape[1:])
+  for k, i in enumerate(pick):
+    np.testing.assert_array_equal(x[k, 0], pool_x[i])
+    assert y[k, 0] == pool_y[i]
+
+
+def test_batched_image_keys_are_each_index_s_attack_and_defense_keys():
+  keys = harness.sweep_keys(0)
+  ka, kd = batched.image_keys(keys, [5, 0])
+  data = lambda k: np.asarray(jax.random.key_data(k))  # noqa: E731
+  for row, index in enumerate((5, 0)):
+    np.testing.assert_array_equal(
+        data(ka[row]), data(jax.random.fold_in(keys.attack, index)))
+    np.testing.assert_array_equal(
+        data(kd[row]), data(jax.random.fold_in(keys.defense, index)))
