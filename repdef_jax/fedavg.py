@@ -56,6 +56,7 @@ from jax.sharding import PartitionSpec as P
 from repdef_jax import gradients
 from repdef_jax import host
 from repdef_jax import models as models_lib
+from repdef_jax import schedules
 from repdef_jax.defenses import base as defenses_base
 
 Params = Any
@@ -196,8 +197,8 @@ class FedAvgConfig:
       raise ValueError(f"client_chunk must be >= 0, or -1 (auto), got "
                        f"{self.client_chunk}.")
     if not callable(self.client_lr):
-      check_rate(self.client_lr, "client_lr",
-                 "a finite number > 0 or a schedule (callable)")
+      schedules.check_rate(self.client_lr, "client_lr",
+                           "a finite number > 0 or a schedule (callable)")
 
   @property
   def server_opt(self) -> optax.GradientTransformation:
@@ -256,17 +257,6 @@ def default_probs(data: ClientArrays, weighting: str = "uniform") -> jax.Array:
   if weighting == "size":
     n = (n > 0).astype(jnp.float32)
   return n / jnp.maximum(jnp.sum(n), 1.0)
-
-
-def check_rate(value: Any, name: str, accepted: str) -> None:
-  """Raises ``ValueError('<name> must be <accepted>, got ...')`` unless
-  ``value`` is a finite number > 0 (a client or server learning rate)."""
-  try:
-    v = float(value)
-  except (TypeError, ValueError):
-    v = float("nan")
-  if not (math.isfinite(v) and v > 0):
-    raise ValueError(f"{name} must be {accepted}, got {value!r}.")
 
 
 def make_eval_data(x: Any, y: Any, batch_size: int = 1000) -> EvalData:

@@ -13,9 +13,21 @@ passes to a schedule.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax.numpy as jnp
 import optax
+
+
+def check_rate(value: Any, name: str, accepted: str) -> None:
+  """Raises ``ValueError('<name> must be <accepted>, got ...')`` unless
+  ``value`` is a finite number > 0 (a client or server learning rate)."""
+  try:
+    v = float(value)
+  except (TypeError, ValueError):
+    v = float("nan")
+  if not (math.isfinite(v) and v > 0):
+    raise ValueError(f"{name} must be {accepted}, got {value!r}.")
 
 
 def constant(lr: float) -> optax.Schedule:
@@ -24,13 +36,8 @@ def constant(lr: float) -> optax.Schedule:
   Raises:
     ValueError: lr is not a finite number > 0.
   """
-  try:
-    value = float(lr)
-  except (TypeError, ValueError):
-    value = math.nan
-  if not (math.isfinite(value) and value > 0):
-    raise ValueError(f"learning rate must be a finite number > 0, got {lr}.")
-  return optax.constant_schedule(value)
+  check_rate(lr, "learning rate", "a finite number > 0")
+  return optax.constant_schedule(float(lr))
 
 
 def theorem2_gamma(mu: float, smoothness: float, local_steps: int) -> float:

@@ -203,10 +203,10 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
                      f"lines), got {config.log_every}.")
   if config.eval_batch < 1:
     raise ValueError(f"eval_batch must be >= 1, got {config.eval_batch}.")
-  fedavg.check_rate(config.server_lr, "server_lr",
-                    "a finite number > 0 (1.0 = plain FedAvg)")
+  schedules.check_rate(config.server_lr, "server_lr",
+                       "a finite number > 0 (1.0 = plain FedAvg)")
   if config.lr_schedule == "constant":
-    fedavg.check_rate(config.client_lr, "client_lr", "a finite number > 0")
+    schedules.check_rate(config.client_lr, "client_lr", "a finite number > 0")
 
 
 def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:
