@@ -260,12 +260,28 @@ _needs_real_data = pytest.mark.skipif(
     not _has_real_data(), reason="TFDS_DATA_DIR does not hold mnist and cifar10")
 
 
+# (dataset, split): examples (None: whatever the prepared copy holds).
+_TEST_SPLITS = {("mnist", "test"): 10000, ("cifar10", "test"): 10000}
+_TRAIN_SPLITS = {("mnist", "train"): 60000, ("cifar10", "train"): None}
+
+
+@pytest.mark.integration
+@_needs_real_data
+def test_real_test_splits_load(tmp_path):
+  """Both test splits, decoded from TFDS (cold) then from the cache (warm);
+  the train splits' chunked decode is checked on 1,500 records below."""
+  _check_real_splits(_TEST_SPLITS, tmp_path)
+
+
+@pytest.mark.slow
 @pytest.mark.integration
 @_needs_real_data
 def test_real_datasets_load(tmp_path):
-  """Every real split, decoded from TFDS (cold) then from the cache (warm)."""
-  expected = {("mnist", "train"): 60000, ("mnist", "test"): 10000,
-              ("cifar10", "test"): 10000, ("cifar10", "train"): None}
+  """Every real split, train included (slow: ~60 s of PNG decoding)."""
+  _check_real_splits({**_TRAIN_SPLITS, **_TEST_SPLITS}, tmp_path)
+
+
+def _check_real_splits(expected, tmp_path):
   for pass_name in ("cold", "warm"):
     data.clear_cache()
     for (name, split), count in expected.items():
