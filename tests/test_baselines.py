@@ -4,7 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
+from repdef_jax import defenses
 from repdef_jax import gradients
 from repdef_jax import models
 from repdef_jax.defenses import base
@@ -171,3 +173,163 @@ def test_dp_sgd_validation_and_epsilon():
     B.dp_sgd_epsilon(1.0, 0.01, 10, 2.0)
   with pytest.raises(ValueError, match="sample_rate"):
     B.dp_sgd_epsilon(1.0, 0.0, 10, 1e-5)
+
+
+# --------------------------------------------------------------------------
+# Mutation-audit additions: known answers and invariants, tiny shapes.
+
+
+def test_compression_keeps_ties_at_the_percentile():
+  """|g| = [1, 1, 1, 2]: the 50th percentile is 1, so ties at 1 are kept."""
+  g = {"w": jnp.array([[1.0, -1.0], [1.0, 2.0]]),
+       "v": jnp.array([3.0, -0.5, 0.5, -3.0, 2.0])}
+  out, info = B.compression(50)(g, _batch(), jax.random.key(0))
+  np.testing.assert_array_equal(out["w"], g["w"])  # nothing strictly below
+  # |v| = [3, .5, .5, 3, 2]: percentile 50 is 2 -> the two 0.5 are zeroed.
+  np.testing.assert_array_equal(out["v"], [3.0, 0.0, 0.0, -3.0, 2.0])
+  np.testing.assert_allclose(float(info["zero_fraction"]), 2 / 9, rtol=1e-6)
+
+
+def test_dp_sgd_noise_on_every_leaf_independent_across_leaves():
+  """Every parameter gets noise; equal-shape leaves get independent draws."""
+  # fc0 and fc1 kernels are both 16 x 16 (input 4 * 4 * 1 = 16).
+  model = models.get_model("mlp", (4, 4, 1), hidden=(16, 16))
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (2, 4, 4, 1))
+  batch = base.ClientBatch(params, x, jnp.array([0, 1]))
+  clip, sigma = 0.5, 100.0
+  out, _ = jax.jit(B.dp_sgd(model, clip, sigma).apply)(None, batch,
+                                                       jax.random.key(5))
+  out = jax.tree_util.tree_map(np.asarray, out)
+  # out = signal + noise; |signal| <= clip / 2 per entry, noise std is
+  # sigma * clip / 2 = 25 (divided by n = 2 after the noise), so the
+  # signal is <1% of it. Each leaf has >= 10 entries: its rms is within
+  # [0.2, 5] x 25 except with probability < 1e-5 (chi-square, 10 dof).
+  want = sigma * clip / 2
+  for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
+    rms = np.sqrt(np.mean(leaf ** 2))
+    assert 0.2 * want < rms < 5 * want, (path, rms)
+  # 256 independent pairs: rho has std ~ 1/16, so |rho| < 0.5 is an
+  # 8-sigma margin; the same key for both leaves gives rho ~ 1.
+  rho = np.corrcoef(out["fc0"]["kernel"].ravel(),
+                    out["fc1"]["kernel"].ravel())[0, 1]
+  assert abs(rho) < 0.5, rho
+  # pooled over all 698 entries: std error of the std ~2.7%, so rtol 0.15
+  # is a 5-sigma margin; missing clip or /n (factor 2) are far outside.
+  pooled = np.concatenate([l.ravel() for l in jax.tree_util.tree_leaves(out)])
+  np.testing.assert_allclose(np.std(pooled), want, rtol=0.15)
+
+
+def test_dp_sgd_all_padding_batch_is_finite_zero():
+  """A client with no real example shares 0 (plus noise), never NaN."""
+  model, params, x, y = _model()
+  batch = base.ClientBatch(params, x, y, jnp.zeros((4,)))
+  out, info = B.dp_sgd(model, 1.0, 0.0)(None, batch, jax.random.key(0))
+  for leaf in jax.tree_util.tree_leaves(out):
+    np.testing.assert_array_equal(leaf, np.zeros(leaf.shape))
+  assert float(info["clipped_fraction"]) == 0.0
+  assert float(info["mean_grad_norm"]) == 0.0
+
+
+def test_get_defense_dp_sgd_strength_and_default_clip_norm():
+  """get_defense('dp_sgd', s) is dp_sgd(model, clip_norm=1.0, noise=s)."""
+  model, params, x, y = _model()
+  batch = base.ClientBatch(params, x, y)
+  _, per = gradients.per_example_grads(model, params, x, y)
+  norms = np.sqrt(sum(np.sum(np.asarray(l) ** 2, axis=tuple(range(1, l.ndim)))
+                      for l in jax.tree_util.tree_leaves(per)))
+  # every per-example norm is in (1.7, 3.1): clip_norm=1.0 rescales each
+  # example to norm exactly 1 (any other default gives another result).
+  assert norms.min() > 1.5, norms
+  scale = np.minimum(1.0, 1.0 / norms)
+  want = jax.tree_util.tree_map(
+      lambda l: np.tensordot(scale, np.asarray(l), 1) / 4, per)
+  out, info = defenses.get_defense("dp_sgd", 0.0, model=model)(
+      None, batch, jax.random.key(0))
+  for a, b in zip(jax.tree_util.tree_leaves(want),
+                  jax.tree_util.tree_leaves(out)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  assert float(info["clipped_fraction"]) == 1.0
+
+
+def _gaussian_exact_epsilon(s, delta):
+  """Tight epsilon of one Gaussian mechanism, sensitivity 1, noise std s.
+
+  Balle & Wang (ICML 2018), Theorem 8: delta(eps) = Phi(1/(2s) - eps s)
+  - e^eps Phi(-1/(2s) - eps s), decreasing in eps; solved by bisection.
+  """
+  def delta_of(eps):
+    return (stats.norm.cdf(0.5 / s - eps * s)
+            - np.exp(eps) * stats.norm.cdf(-0.5 / s - eps * s))
+
+  lo, hi = 0.0, 100.0
+  for _ in range(100):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
+  return hi
+
+
+@pytest.mark.parametrize("sigma,steps,delta", [(1.0, 1, 1e-3),
+                                               (2.0, 10, 1e-5),
+                                               (4.0, 50, 1e-2)])
+def test_dp_sgd_epsilon_full_batch_between_exact_and_rdp_bounds(
+    sigma, steps, delta):
+  """sample_rate 1: T Gaussian steps are one Gaussian of std sigma/sqrt(T).
+
+  The accountant's epsilon is a valid (eps, delta) guarantee, so at least
+  the exact one (Balle & Wang); and at most the classic RDP conversion
+  min_a T a / (2 sigma^2) + log(1/delta) / (a - 1) over integer orders
+  2..63 (all in dp_accounting's default grid; its conversion is tighter).
+  """
+  got = B.dp_sgd_epsilon(sigma, 1.0, steps, delta)
+  lower = _gaussian_exact_epsilon(sigma / np.sqrt(steps), delta)
+  a = np.arange(2, 64, dtype=np.float64)
+  upper = np.min(steps * a / (2 * sigma ** 2) + np.log(1 / delta) / (a - 1))
+  assert lower <= got <= upper, (lower, got, upper)
+  # The bracket is narrow enough to see a wrong delta, sigma or step count.
+  assert upper < 1.5 * lower, (lower, upper)
+
+
+def test_dp_sgd_epsilon_monotone_in_delta_and_sample_rate():
+  """Larger delta -> smaller epsilon; larger sample_rate -> larger epsilon."""
+  eps_d = [B.dp_sgd_epsilon(1.1, 0.01, 100, d) for d in (1e-7, 1e-5, 1e-3)]
+  assert eps_d[0] > eps_d[1] > eps_d[2] > 0, eps_d
+  eps_q = [B.dp_sgd_epsilon(1.1, q, 100, 1e-5) for q in (0.001, 0.01, 0.1)]
+  assert 0 < eps_q[0] < eps_q[1] < eps_q[2], eps_q
+
+
+def test_dp_sgd_info_and_clipping_count_only_real_examples():
+  """clip_norm between the per-example norms; padding outside all counts."""
+  model, params, x, y = _model()
+  _, per = gradients.per_example_grads(model, params, x[:3], y[:3])
+  norms = np.sqrt(sum(np.sum(np.asarray(l) ** 2, axis=tuple(range(1, l.ndim)))
+                      for l in jax.tree_util.tree_leaves(per)))
+  clip = 2.0
+  assert 0 < np.sum(norms > clip) < 3, norms  # some clipped, some not
+  batch = base.ClientBatch(params, x, y, jnp.array([1, 1, 1, 0]))
+  out, info = B.dp_sgd(model, clip, 0.0)(None, batch, jax.random.key(0))
+  want = jax.tree_util.tree_map(
+      lambda l: np.tensordot(np.minimum(1, clip / norms), np.asarray(l), 1) / 3,
+      per)
+  for a, b in zip(jax.tree_util.tree_leaves(want),
+                  jax.tree_util.tree_leaves(out)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(float(info["clipped_fraction"]),
+                             np.mean(norms > clip), rtol=1e-6)
+  np.testing.assert_allclose(float(info["mean_grad_norm"]), norms.mean(),
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,std_factor", [("dp_gaussian", 1.0),
+                                              ("dp_laplace", np.sqrt(2))])
+def test_get_defense_noise_strength_is_the_scale(name, std_factor):
+  """get_defense(name, s): s is the Gaussian std / the Laplace scale b."""
+  zeros = {"w": jnp.zeros((100, 100))}
+  out, info = defenses.get_defense(name, 0.2)(zeros, _batch(),
+                                              jax.random.key(0))
+  # 10000 draws: the sample std's relative std error is ~0.7% (Gaussian)
+  # / ~1.1% (Laplace), so rtol 0.1 is a 9-sigma margin; a Laplace scale
+  # taken for its std (factor sqrt(2)) is 29% off.
+  np.testing.assert_allclose(np.std(np.asarray(out["w"])), 0.2 * std_factor,
+                             rtol=0.1)
+  np.testing.assert_allclose(float(info["noise_scale"]), 0.2, rtol=1e-6)

@@ -106,8 +106,10 @@ def test_resume_after_kill_equals_uninterrupted(mock_env, monkeypatch):
   assert _files(mock_env / "b") == reference
 
   # 3. Killed while writing the second checkpoint (round 4): what the kill
-  # leaves on disk is orbax's unfinished temporary folder, never "4".
+  # leaves on disk is orbax's unfinished temporary folder, never "4". The
+  # run is also older than data.json: the resume writes it.
   shutil.copytree(mock_env / "full", mock_env / "c")
+  os.remove(mock_env / "c" / training.DATA_FILE)
   folder = mock_env / "c" / training.CHECKPOINT_DIR
   tmp = folder / "4.orbax-checkpoint-tmp-1010101"
   os.rename(folder / "4", tmp)
@@ -116,11 +118,11 @@ def test_resume_after_kill_equals_uninterrupted(mock_env, monkeypatch):
   _run(_config(), mock_env / "c", data_dir)
   assert _files(mock_env / "c") == reference
 
-  # 4. Three checkpoints are kept (checkpoints_to_keep), the oldest dropped.
-  _run(_config(rounds=8, checkpoint_every=1, checkpoints_to_keep=3),
+  # 4. The last checkpoints_to_keep checkpoints are kept, older ones
+  # dropped (2, not orbax's or the config's default 3).
+  _run(_config(rounds=8, checkpoint_every=1, checkpoints_to_keep=2),
        mock_env / "keep", data_dir)
-  assert sorted(os.listdir(mock_env / "keep" / "checkpoints")) == [
-      "6", "7", "8"]
+  assert sorted(os.listdir(mock_env / "keep" / "checkpoints")) == ["7", "8"]
 
   # 5. A different configuration in the same workdir: error, nothing changes.
   with pytest.raises(ValueError, match="different configuration"):
@@ -353,3 +355,178 @@ def test_build_data_sizes_follow_the_partition_settings(mock_env):
                    data_dir=str(mock_env / "data"))
   clients, _, _ = training.build_data(config)
   assert np.asarray(clients.sizes).tolist() == [8, 8, 8]
+
+
+def test_read_metrics_keeps_rounds_up_to_the_checkpoint_and_drops_torn(
+    tmp_path):
+  """_append_line appends one JSON line per call; read_metrics returns the
+  complete lines with round <= upto_round (the checkpoint's round is kept),
+  skipping a torn line, and [] for a workdir without metrics."""
+  workdir = str(tmp_path)
+  assert training.read_metrics(workdir) == []
+  path = os.path.join(workdir, training.METRICS_FILE)
+  for r in (1, 2, 3):
+    training._append_line(path, {"round": r, "x": r / 2})  # pylint: disable=protected-access
+  with open(path, "ab") as f:
+    f.write(b'{"round": 4, "x"')  # Killed in the middle of a line.
+  assert training.read_metrics(workdir) == [
+      {"round": 1, "x": 0.5}, {"round": 2, "x": 1.0}, {"round": 3, "x": 1.5}]
+  for upto, rounds in [(0, []), (2, [1, 2]), (3, [1, 2, 3]), (9, [1, 2, 3])]:
+    assert [r["round"] for r in training.read_metrics(workdir, upto)] == rounds
+
+
+def test_workdir_check_uses_the_latest_checkpoint_and_refuses_orphans(
+    tmp_path):
+  """A workdir may be resumed with rounds >= its latest checkpoint (the
+  highest round, temporary folders ignored), not fewer; checkpoints without
+  config.json are refused, an empty checkpoints/ folder is not."""
+  check = training._check_workdir  # pylint: disable=protected-access
+  config = _config(rounds=4)
+  workdir = tmp_path / "run"
+  folder = workdir / training.CHECKPOINT_DIR
+  folder.mkdir(parents=True)
+  assert not check(config, str(workdir))  # Empty checkpoints/: a new run.
+  assert training.latest_checkpoint_round(str(workdir)) is None
+  for name in ("2", "10", "4", "12.orbax-checkpoint-tmp-7"):
+    (folder / name).mkdir()
+  with pytest.raises(ValueError, match="checkpoint but no config.json"):
+    check(config, str(workdir))
+  (workdir / training.CONFIG_FILE).write_text(config.to_json())
+  assert training.latest_checkpoint_round(str(workdir)) == 10
+  for rounds in (10, 11):
+    assert check(_config(rounds=rounds), str(workdir))
+  with pytest.raises(ValueError, match="checkpoint at round 10, past "
+                     "rounds=9"):
+    check(_config(rounds=9), str(workdir))
+
+
+def test_data_fingerprint_covers_labels_partition_and_test_labels():
+  """Any change of the training labels, of the clients' indices (also one
+  index moved to the next client) or of the test labels changes the
+  SHA-256; the same data (lists or arrays) gives the same fingerprint."""
+  train, test = data_lib.Source("tfds", "a"), data_lib.Source("sample", "b")
+  labels, test_labels = [0, 1, 2, 1, 0], [2, 2, 0]
+  partition = [[0, 1], [2], [3, 4]]
+
+  def fp(labels=labels, partition=partition, test_labels=test_labels):
+    return training.data_fingerprint(train, np.asarray(labels),
+                                     [np.asarray(p) for p in partition],
+                                     test, np.asarray(test_labels))
+
+  base = fp()
+  assert base == training.data_fingerprint(train, labels, partition, test,
+                                            test_labels)
+  assert {k: v for k, v in base.items() if k != "sha256"} == {
+      "train_source": "tfds", "train_examples": 5, "test_source": "sample",
+      "test_examples": 3}
+  others = [fp(labels=[0, 1, 2, 1, 1]),
+            fp(partition=[[0], [1, 2], [3, 4]]),  # Same concatenation.
+            fp(partition=[[1, 0], [2], [3, 4]]),
+            fp(test_labels=[2, 2, 1])]
+  shas = {f["sha256"] for f in [base, *others]}
+  assert len(shas) == 5
+
+
+def test_build_data_evaluates_on_the_scaled_test_split(tmp_path, monkeypatch):
+  """The eval batches hold the test split's first max_test_examples images
+  (of the embedded sample: not its training images) scaled to [0, 1] with
+  their labels, padding masked out; the partition follows the seed (the
+  fingerprint tells seeds apart)."""
+  monkeypatch.setenv("REPDEF_JAX_CACHE", str(tmp_path / "cache"))
+  monkeypatch.setenv("REPDEF_JAX_OFFLINE", "1")
+  monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
+  data_lib.clear_cache()
+  config = _config(max_test_examples=40, eval_batch=16,
+                   data_dir=str(tmp_path / "no_tfds"))
+  with data_lib.allow_sample():
+    _, test, _, fp = training.build_data(config, with_fingerprint=True)
+    config.seed = 1
+    _, _, _, fp1 = training.build_data(config, with_fingerprint=True)
+  data_lib.clear_cache()
+  images, labels = (a[:40] for a in data_lib.load_sample("mnist", "test"))
+  assert not np.array_equal(images,
+                            data_lib.load_sample("mnist", "train")[0][:40])
+  assert fp["test_examples"] == 40
+  mask = np.asarray(test.mask)
+  assert mask.shape == (3, 16)
+  mask = mask.reshape(-1).astype(bool)
+  np.testing.assert_array_equal(mask, np.arange(48) < 40)
+  x = np.asarray(test.x).reshape(-1, *images.shape[1:])[mask]
+  y = np.asarray(test.y).reshape(-1)[mask]
+  assert x.dtype == np.float32
+  np.testing.assert_allclose(x, np.asarray(images, np.float64) / 255.0,
+                             rtol=1e-6)
+  np.testing.assert_array_equal(y, labels)
+  assert fp1["sha256"] != fp["sha256"]
+
+
+def test_fedavg_config_builds_the_configured_defense():
+  """defense_strength reaches the defense (compression 50% zeroes the two
+  smaller of four magnitudes, 0% none) and soteria_score reaches soteria
+  (an unknown score is refused by soteria's own check)."""
+  model = models.get_model("logreg", (4, 4, 1), 4)
+  g = {"w": np.array([1.0, -2.0, 3.0, -4.0], np.float32)}
+  for strength, want in [(0.0, [1.0, -2.0, 3.0, -4.0]),
+                         (50.0, [0.0, 0.0, 3.0, -4.0])]:
+    fcfg = training.build_fedavg_config(
+        _config(defense="compression", defense_strength=strength), model)
+    assert fcfg.defense.name == "compression"
+    out, _ = fcfg.defense.apply(g, None, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(out["w"]), want)
+  config = _config(defense="soteria", defense_strength=30.0)
+  assert training.build_fedavg_config(config, model).defense.name == "soteria"
+  config.soteria_score = "bogus"
+  with pytest.raises(ValueError, match="score must be one of"):
+    training.build_fedavg_config(config, model)
+
+
+def test_saver_keeps_the_last_checkpoints_and_restores_the_latest(tmp_path):
+  """Saves at rounds 1..4 with keep=2 leave checkpoints 3 and 4; restoring
+  (and load_checkpoint) without a step gives the highest round, with a
+  step that round."""
+  workdir = str(tmp_path / "run")
+
+  def state(r):
+    return {"round": np.array(r, np.int32), "w": np.full(3, r, np.float32)}
+
+  saver = training._Saver(training._checkpoint_manager(workdir, keep=2))  # pylint: disable=protected-access
+  try:
+    for r in (1, 2, 3, 4):
+      saver.save(r, state(r))
+  finally:
+    saver.close()
+  assert sorted(os.listdir(os.path.join(workdir, training.CHECKPOINT_DIR))
+                ) == ["3", "4"]
+  manager = training._checkpoint_manager(workdir, keep=2)  # pylint: disable=protected-access
+  try:
+    for step, want in [(None, 4), (3, 3)]:
+      got = training._restore_checkpoint(manager, state(0), step)  # pylint: disable=protected-access
+      assert int(got["round"]) == want
+      np.testing.assert_array_equal(np.asarray(got["w"]), [want] * 3)
+  finally:
+    manager.close()
+  for step, want in [(None, 4), (3, 3)]:
+    assert int(training.load_checkpoint(workdir, step)["round"]) == want
+  assert training.load_checkpoint(str(tmp_path / "empty")) is None
+
+
+def test_last_round_is_checkpointed_logged_and_global_loss_kept(mock_env,
+                                                                capsys):
+  """rounds=3, checkpoint_every=2: checkpoints 2 and 3 (the last round even
+  off the cadence); log_every=2 prints rounds 2 and 3 only; with
+  eval_global_loss every metrics line has the federated objective."""
+  workdir = mock_env / "odd"
+  out = _run(_config(rounds=3, checkpoint_every=2, log_every=2,
+                     eval_global_loss=True), workdir, mock_env / "data")
+  assert sorted(os.listdir(workdir / training.CHECKPOINT_DIR)) == ["2", "3"]
+  final = training.load_checkpoint(str(workdir))
+  assert int(final["round"]) == 3
+  for a, b in zip(jax.tree_util.tree_leaves(final["params"]),
+                  jax.tree_util.tree_leaves(out["state"].params)):
+    np.testing.assert_array_equal(a, np.asarray(b))
+  printed = [line.split()[1] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("round ")]
+  assert printed == ["2/3", "3/3"]
+  assert [r["round"] for r in out["metrics"]] == [1, 2, 3]
+  assert all(np.isfinite(r["global_loss"]) and r["global_loss"] > 0
+             for r in out["metrics"])

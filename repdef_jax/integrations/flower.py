@@ -220,6 +220,16 @@ def _client_fns(model: models_lib.Model, config: fedavg.FedAvgConfig,
   return _CLIENT_FNS[cache_key][:2]
 
 
+def _node_data(load_data: LoadData, context: Context
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The node's ``(x float32, y int32, mask float32)``; no mask: all real."""
+  x, y, mask = load_data(context)
+  x = jnp.asarray(x, jnp.float32)
+  mask = (jnp.ones(x.shape[:1], jnp.float32) if mask is None
+          else jnp.asarray(mask, jnp.float32))
+  return x, jnp.asarray(y, jnp.int32), mask
+
+
 def make_client_app(model: models_lib.Model, config: fedavg.FedAvgConfig,
                     load_data: LoadData, *, seed: int = 0,
                     mods: Optional[Sequence[Any]] = None) -> ClientApp:
@@ -250,20 +260,13 @@ def make_client_app(model: models_lib.Model, config: fedavg.FedAvgConfig,
   template = jax.eval_shape(model.init, jax.random.key(0))
   update, evaluate = _client_fns(model, config, seed)
 
-  def node_data(context):
-    x, y, mask = load_data(context)
-    x = jnp.asarray(x, jnp.float32)
-    mask = (jnp.ones(x.shape[:1], jnp.float32) if mask is None
-            else jnp.asarray(mask, jnp.float32))
-    return x, jnp.asarray(y, jnp.int32), mask
-
   app = ClientApp(mods=list(mods or []))
 
   @app.train()
   def train(message: Message, context: Context) -> Message:
     _, record = _only(message.content.array_records, "ArrayRecord", message)
     params = from_arrays(record, template)
-    x, y, mask = node_data(context)
+    x, y, mask = _node_data(load_data, context)
     cid = client_id(context)
     delta, info = update(params, x, y, mask,
                          jnp.int32(_server_round(message) - 1), jnp.int32(cid))
@@ -278,7 +281,7 @@ def make_client_app(model: models_lib.Model, config: fedavg.FedAvgConfig,
   @app.evaluate()
   def evaluate_(message: Message, context: Context) -> Message:
     _, record = _only(message.content.array_records, "ArrayRecord", message)
-    x, y, mask = node_data(context)
+    x, y, mask = _node_data(load_data, context)
     out = jax.device_get(evaluate(from_arrays(record, template), x, y, mask))
     return Message(RecordDict({METRICS_KEY: MetricRecord({
         WEIGHT_KEY: int(jnp.sum(mask > 0)),
@@ -286,6 +289,15 @@ def make_client_app(model: models_lib.Model, config: fedavg.FedAvgConfig,
         "eval_accuracy": float(out["test_accuracy"])})}), reply_to=message)
 
   return app
+
+
+def _no_examples(mask: Optional[jax.Array], reply: Message) -> bool:
+  """Whether the node trained on no real example (by its mask, else by the
+  ``num-examples`` its reply reports)."""
+  if mask is not None:
+    return not bool(jnp.sum(mask) > 0)
+  return any(WEIGHT_KEY in r and r[WEIGHT_KEY] == 0
+             for r in reply.content.metric_records.values())
 
 
 def defense_mod(defense: defenses_base.Defense, *,
@@ -297,7 +309,9 @@ def defense_mod(defense: defenses_base.Defense, *,
   replaces it by ``defense(update, ClientBatch(sent params, x, y, mask),
   noise key)`` and adds the defense's statistics (``defense/<name>``) to the
   reply's ``MetricRecord``: what :func:`fedavg.client_update` does with
-  ``defense_at='update'``, for any ClientApp. Place Flower's clipping / DP
+  ``defense_at='update'``, for any ClientApp. A node without real examples
+  (``load_data``'s mask all zero, or a reply whose ``num-examples`` is 0)
+  sends no update, noise included, as in :func:`fedavg.client_update`. Place Flower's clipping / DP
   mods before it in ``mods`` (outer: they then see the defended update),
   e.g. ``ClientApp(..., mods=[fixedclipping_mod, defense_mod(...)])``.
 
@@ -340,10 +354,7 @@ def defense_mod(defense: defenses_base.Defense, *,
     if load_data is None:
       x = y = mask = None
     else:
-      x, y, mask = load_data(context)
-      x, y = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.int32)
-      mask = (jnp.ones(x.shape[:1], jnp.float32) if mask is None
-              else jnp.asarray(mask, jnp.float32))
+      x, y, mask = _node_data(load_data, context)
     _, nk = fedavg.client_keys(keys, _server_round(message) - 1,
                                client_id(context))
     try:
@@ -352,7 +363,7 @@ def defense_mod(defense: defenses_base.Defense, *,
     except (TypeError, AttributeError) as e:
       raise ValueError(f"defense {defense.name!r} needs the client's data "
                        "(pass load_data=) or the model (model=).") from e
-    if mask is not None and not bool(jnp.sum(mask) > 0):
+    if _no_examples(mask, reply):
       defended = jax.tree_util.tree_map(jnp.zeros_like, defended)
     new = jax.tree_util.tree_map(jnp.add, params, defended)
     if template is not None:
