@@ -100,6 +100,24 @@ def test_dp_sgd_no_noise_large_clip_is_plain_gradient():
   assert float(info["clipped_fraction"]) == 0.0
 
 
+def _clipped_mean(model, params, x, y, clip):
+  """NumPy DP-SGD without noise on the real examples ``x, y``: the mean of
+  the per-example gradients, each scaled to norm <= clip; and their norms
+  before clipping."""
+  _, per = gradients.per_example_grads(model, params, x, y)
+  norms = np.sqrt(sum(np.sum(np.asarray(l) ** 2, axis=tuple(range(1, l.ndim)))
+                      for l in jax.tree_util.tree_leaves(per)))
+  scale = np.minimum(1.0, clip / norms)
+  return jax.tree_util.tree_map(
+      lambda l: np.tensordot(scale, np.asarray(l), 1) / len(norms), per), norms
+
+
+def _assert_trees_close(want, got, atol):
+  for a, b in zip(jax.tree_util.tree_leaves(want),
+                  jax.tree_util.tree_leaves(got)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=atol)
+
+
 def test_dp_sgd_clipping_padding_and_noise_after_sum():
   model, params, x, y = _model()
   clip, sigma = 1e-3, 2.0
@@ -107,15 +125,8 @@ def test_dp_sgd_clipping_padding_and_noise_after_sum():
   batch = base.ClientBatch(params, x, y, mask)
   d = B.dp_sgd(model, clip, 0.0)
   out, info = d(None, batch, jax.random.key(0))
-  _, per = gradients.per_example_grads(model, params, x[:3], y[:3])
-  norms = np.sqrt(sum(np.sum(np.asarray(l) ** 2, axis=tuple(range(1, l.ndim)))
-                      for l in jax.tree_util.tree_leaves(per)))
-  want = jax.tree_util.tree_map(
-      lambda l: np.tensordot(np.minimum(1, clip / norms), np.asarray(l), 1) / 3,
-      per)
-  for a, b in zip(jax.tree_util.tree_leaves(want),
-                  jax.tree_util.tree_leaves(out)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-9)
+  want, norms = _clipped_mean(model, params, x[:3], y[:3], clip)
+  _assert_trees_close(want, out, atol=1e-9)
   assert float(info["clipped_fraction"]) == 1.0
   # mean_grad_norm: mean over the 3 real examples of the per-example global
   # L2 norm BEFORE clipping (clip_by_global_norm returns the pre-clip norm;
@@ -235,20 +246,13 @@ def test_get_defense_dp_sgd_strength_and_default_clip_norm():
   """get_defense('dp_sgd', s) is dp_sgd(model, clip_norm=1.0, noise=s)."""
   model, params, x, y = _model()
   batch = base.ClientBatch(params, x, y)
-  _, per = gradients.per_example_grads(model, params, x, y)
-  norms = np.sqrt(sum(np.sum(np.asarray(l) ** 2, axis=tuple(range(1, l.ndim)))
-                      for l in jax.tree_util.tree_leaves(per)))
+  want, norms = _clipped_mean(model, params, x, y, 1.0)
   # every per-example norm is in (1.7, 3.1): clip_norm=1.0 rescales each
   # example to norm exactly 1 (any other default gives another result).
   assert norms.min() > 1.5, norms
-  scale = np.minimum(1.0, 1.0 / norms)
-  want = jax.tree_util.tree_map(
-      lambda l: np.tensordot(scale, np.asarray(l), 1) / 4, per)
   out, info = defenses.get_defense("dp_sgd", 0.0, model=model)(
       None, batch, jax.random.key(0))
-  for a, b in zip(jax.tree_util.tree_leaves(want),
-                  jax.tree_util.tree_leaves(out)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  _assert_trees_close(want, out, atol=1e-7)
   assert float(info["clipped_fraction"]) == 1.0
 
 
@@ -301,19 +305,12 @@ def test_dp_sgd_epsilon_monotone_in_delta_and_sample_rate():
 def test_dp_sgd_info_and_clipping_count_only_real_examples():
   """clip_norm between the per-example norms; padding outside all counts."""
   model, params, x, y = _model()
-  _, per = gradients.per_example_grads(model, params, x[:3], y[:3])
-  norms = np.sqrt(sum(np.sum(np.asarray(l) ** 2, axis=tuple(range(1, l.ndim)))
-                      for l in jax.tree_util.tree_leaves(per)))
   clip = 2.0
+  want, norms = _clipped_mean(model, params, x[:3], y[:3], clip)
   assert 0 < np.sum(norms > clip) < 3, norms  # some clipped, some not
   batch = base.ClientBatch(params, x, y, jnp.array([1, 1, 1, 0]))
   out, info = B.dp_sgd(model, clip, 0.0)(None, batch, jax.random.key(0))
-  want = jax.tree_util.tree_map(
-      lambda l: np.tensordot(np.minimum(1, clip / norms), np.asarray(l), 1) / 3,
-      per)
-  for a, b in zip(jax.tree_util.tree_leaves(want),
-                  jax.tree_util.tree_leaves(out)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  _assert_trees_close(want, out, atol=1e-7)
   np.testing.assert_allclose(float(info["clipped_fraction"]),
                              np.mean(norms > clip), rtol=1e-6)
   np.testing.assert_allclose(float(info["mean_grad_norm"]), norms.mean(),

@@ -108,6 +108,28 @@ def test_flower_rounds_match_make_round(fl):
   assert fl.array_keys(state.params) == ["head/bias", "head/kernel"]
 
 
+def _stub_attack(record):
+  """An attack for AuditingFedAvg that reconstructs zeros (28x28x1 images)
+  with final loss ``record(grads, num_images, key)``."""
+  from repdef_jax.attacks import base as attack_base  # pylint: disable=g-import-not-at-top
+
+  class Stub:
+
+    @staticmethod
+    def make_config(config, **overrides):
+      del config, overrides
+
+    @staticmethod
+    def fn(model, params, grads, num, key, labels=None, config=None):
+      del model, params, labels, config
+      return attack_base.AttackResult(
+          x_rec=np.zeros((num, 28, 28, 1), np.float32),
+          labels_rec=np.zeros((num,), np.int32), loss_history=np.zeros(1),
+          final_loss=record(grads, num, key), diverged=False, iterations=1)
+
+  return Stub
+
+
 def _train_message(fl, params, dst_node_id=2, **config):
   from flwr.app import ConfigRecord, Message, MessageType, RecordDict  # pylint: disable=g-import-not-at-top
   return Message(RecordDict({
@@ -353,28 +375,12 @@ def test_audit_divides_the_update_by_lr_times_local_steps(fl, monkeypatch,
   """With 3 local steps the gradient handed to the attack is
   -delta / (lr * 3), delta the client's update (here the new global model
   minus the old: one client); a stub attack records what it receives."""
-  from repdef_jax.attacks import base as attack_base  # pylint: disable=g-import-not-at-top
   model = models.get_model("logreg", (28, 28, 1), 10)
   x, y, mask = _clients(1, 3)
   params = model.init(jax.random.key(0))
   seen = []
-
-  class Stub:
-
-    @staticmethod
-    def make_config(config, **overrides):
-      del config, overrides
-
-    @staticmethod
-    def fn(model, params, grads, num, key, labels=None, config=None):
-      del model, params, key, labels, config
-      seen.append(grads)
-      return attack_base.AttackResult(
-          x_rec=np.zeros((num, 28, 28, 1), np.float32),
-          labels_rec=np.zeros((num,), np.int32), loss_history=np.zeros(1),
-          final_loss=0.0, diverged=False, iterations=1)
-
-  monkeypatch.setattr(fl.attacks_lib, "get_attack", lambda name: Stub)
+  stub = _stub_attack(lambda grads, num, key: seen.append(grads) or 0.0)
+  monkeypatch.setattr(fl.attacks_lib, "get_attack", lambda name: stub)
   config = fedavg.FedAvgConfig(local_steps=3, batch_size=1, client_lr=0.1)
   strategy = fl.AuditingFedAvg(
       model, "dlg", client_lr=0.1, workdir=str(tmp_path),
@@ -524,7 +530,6 @@ def test_auditor_attacks_each_update_as_its_client(fl, monkeypatch):
   reconstructs zeros: MSE 0.04 (p + 1)^2); the round's audit/<metric> are
   the means over clients; max_audits_per_round=1 attacks one update."""
   from flwr.app import ConfigRecord  # pylint: disable=g-import-not-at-top
-  from repdef_jax.attacks import base as attack_base  # pylint: disable=g-import-not-at-top
   model = models.get_model("logreg", (28, 28, 1), 10)
   n, m, lr = 3, 4, 0.1
   x = np.stack([np.full((m, 28, 28, 1), 0.2 * (p + 1), np.float32)
@@ -534,23 +539,13 @@ def test_auditor_attacks_each_update_as_its_client(fl, monkeypatch):
   mask[1, 3] = 0.0
   seen = []
 
-  class Stub:
+  def record(grads, num, key):
+    loss = float(np.sum(np.abs(np.asarray(grads["head"]["bias"]))))
+    seen.append((grads, num, key, loss))
+    return loss
 
-    @staticmethod
-    def make_config(config, **overrides):
-      del config, overrides
-
-    @staticmethod
-    def fn(model, params, grads, num, key, labels=None, config=None):
-      del model, params, labels, config
-      loss = float(np.sum(np.abs(np.asarray(grads["head"]["bias"]))))
-      seen.append((grads, num, key, loss))
-      return attack_base.AttackResult(
-          x_rec=np.zeros((num, 28, 28, 1), np.float32),
-          labels_rec=np.zeros((num,), np.int32), loss_history=np.zeros(1),
-          final_loss=loss, diverged=False, iterations=1)
-
-  monkeypatch.setattr(fl.attacks_lib, "get_attack", lambda name: Stub)
+  stub = _stub_attack(record)
+  monkeypatch.setattr(fl.attacks_lib, "get_attack", lambda name: stub)
   reference = lambda pid: (x[pid][mask[pid] > 0], y[pid][mask[pid] > 0])
   app = fl.make_client_app(
       model, fedavg.FedAvgConfig(local_steps=2, batch_size=2, client_lr=lr),
