@@ -311,9 +311,10 @@ def defense_mod(defense: defenses_base.Defense, *,
   reply's ``MetricRecord``: what :func:`fedavg.client_update` does with
   ``defense_at='update'``, for any ClientApp. A node without real examples
   (``load_data``'s mask all zero, or a reply whose ``num-examples`` is 0)
-  sends no update, noise included, as in :func:`fedavg.client_update`. Place Flower's clipping / DP
-  mods before it in ``mods`` (outer: they then see the defended update),
-  e.g. ``ClientApp(..., mods=[fixedclipping_mod, defense_mod(...)])``.
+  sends no update, noise included, as in :func:`fedavg.client_update`.
+  Place Flower's clipping / DP mods before it in ``mods`` (outer: they then
+  see the defended update), e.g.
+  ``ClientApp(..., mods=[fixedclipping_mod, defense_mod(...)])``.
 
   Args:
     defense: an update-level defense (:func:`repdef_jax.get_defense`).
