@@ -1,9 +1,12 @@
 """Shared pytest setup: CPU, quiet logs, cheaper compilation (a per-run
-cache, XLA optimisation level 1) and the tfds mock-data fixture."""
+cache, XLA optimisation level 1, XLA's older CPU fusion emitters) and the
+tfds mock-data fixture."""
 
 import atexit
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -27,14 +30,30 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
   os.environ.setdefault("REPDEF_JAX_CACHE", os.path.join(_RUN_DIR, "data"))
 
-# XLA compiles at optimisation level 1 here, not its default 3: compilation
-# is most of the suite's time, and level 1 takes a fifth off the suite with
-# the same outcomes (README.md, "Tests"). A level already in XLA_FLAGS is
-# kept; subprocesses inherit the setting.
+# XLA compiles at optimisation level 1 here, not its default 3, and with its
+# older CPU fusion emitters: compilation is most of the suite's time, and the
+# two take a fifth each off the suite with the same outcomes (README.md,
+# "Tests"). Settings already in XLA_FLAGS are kept; subprocesses inherit them.
 _LEVEL = "--xla_backend_optimization_level"
-if _LEVEL not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join(
-      filter(None, [os.environ.get("XLA_FLAGS"), f"{_LEVEL}=1"]))
+_EMITTERS = "--xla_cpu_use_fusion_emitters"
+
+
+def _xla_accepts(flag):
+  """Whether this jaxlib's XLA starts with ``flag``: it aborts on a flag it
+  does not know (one an older or newer XLA lacks). A subprocess, ~2 s."""
+  env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
+  return subprocess.run(
+      [sys.executable, "-c", "import jax; jax.devices()"], env=env,
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+      check=False).returncode == 0
+
+
+_flags = os.environ.get("XLA_FLAGS", "")
+_extra = [] if _LEVEL in _flags else [f"{_LEVEL}=1"]
+if _EMITTERS not in _flags and _xla_accepts(f"{_EMITTERS}=false"):
+  _extra.append(f"{_EMITTERS}=false")
+if _extra:
+  os.environ["XLA_FLAGS"] = " ".join(filter(None, [_flags, *_extra]))
 
 import pytest  # noqa: E402
 
