@@ -425,6 +425,15 @@ def test_arrays_round_trip_by_key_with_the_templates_dtypes(fl):
   np.testing.assert_array_equal(back["scale"], [0, 1, 2])
 
 
+def _logreg_params(seed, kernel_std, bias_std):
+  """Random parameters of the 28x28x1, 10-class logistic regression (its
+  ``init`` is all zeros): normal draws of a NumPy generator of ``seed``."""
+  rng = np.random.default_rng(seed)
+  return {"head": {
+      "kernel": rng.normal(0, kernel_std, (784, 10)).astype(np.float32),
+      "bias": rng.normal(0, bias_std, (10,)).astype(np.float32)}}
+
+
 def test_client_app_evaluate_is_the_masked_mean_over_real_examples(fl):
   """An evaluate message: loss and accuracy of a logistic regression over
   the 3 real of 5 examples (NumPy reference), and num-examples 3."""
@@ -432,10 +441,7 @@ def test_client_app_evaluate_is_the_masked_mean_over_real_examples(fl):
   model = models.get_model("logreg", (28, 28, 1), 10)
   x, y, mask = _clients(1, 5, seed=5)
   mask[0, 3:] = 0.0
-  rng = np.random.default_rng(5)  # logreg's init is zero: draw weights.
-  params = {"head": {
-      "kernel": rng.normal(0, 0.05, (784, 10)).astype(np.float32),
-      "bias": rng.normal(0, 0.1, (10,)).astype(np.float32)}}
+  params = _logreg_params(5, 0.05, 0.1)  # logreg's init is zero.
   w = np.asarray(params["head"]["kernel"], np.float64)
   b = np.asarray(params["head"]["bias"], np.float64)
   logits = x[0].reshape(5, -1).astype(np.float64) @ w + b
@@ -558,10 +564,7 @@ def test_auditor_attacks_each_update_as_its_client(fl, monkeypatch):
   data = lambda k: np.asarray(jax.random.key_data(k))
   keys = []
   for rnd in (1, 2):
-    rng = np.random.default_rng(rnd)  # A different global model per round.
-    glob = {"head": {
-        "kernel": rng.normal(0, 0.01, (784, 10)).astype(np.float32),
-        "bias": rng.normal(0, 0.01, (10,)).astype(np.float32)}}
+    glob = _logreg_params(rnd, 0.01, 0.01)  # A new global model per round.
     messages = list(strategy.configure_train(
         rnd, fl.to_arrays(glob), ConfigRecord({}), grid))
     assert len(messages) == n
