@@ -143,6 +143,28 @@ def test_patches_and_dense_conv_equal_xla_conv_on_odd_shapes(h, w, k, stride,
                                jax.vjp(ref, x)[1](g)[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape,k,stride,padding", [
+    ((2, 9, 7, 3), 3, 2, 1), ((2, 10, 11, 2), 5, 3, 2), ((1, 16, 16, 12), 5, 1, 2),
+    ((2, 8, 8, 1), 5, 2, 0)])
+def test_separable_patches_are_the_kxk_slices(shape, k, stride, padding):
+  # Both gathers of _patches give the same array, exactly, and so the same
+  # input gradient; the default picks the separable one only for a kernel of
+  # at least SEPARABLE_MIN_KERNEL over several channels.
+  x = jax.random.normal(jax.random.key(0), shape)
+  g = jax.random.normal(jax.random.key(1),
+                        models._patches(x, k, stride, padding).shape)
+  out = {}
+  for sep in (False, True):
+    y, vjp = jax.vjp(lambda x: models._patches(x, k, stride, padding, sep), x)
+    out[sep] = (y, vjp(g)[0])
+  np.testing.assert_array_equal(out[True][0], out[False][0])
+  np.testing.assert_allclose(out[True][1], out[False][1], rtol=1e-6, atol=1e-6)
+  default = shape[-1] > 1 and k >= models.SEPARABLE_MIN_KERNEL
+  hlo = lambda *sep: jax.jit(
+      lambda x: models._patches(x, k, stride, padding, *sep)).lower(x).as_text()
+  assert hlo() == hlo(default) != hlo(not default)
+
+
 def _ref_dense(x, p):
   return x.reshape(x.shape[0], -1) @ p["kernel"] + p["bias"]
 
