@@ -144,8 +144,8 @@ def test_patches_and_dense_conv_equal_xla_conv_on_odd_shapes(h, w, k, stride,
 
 
 @pytest.mark.parametrize("shape,k,stride,padding", [
-    ((2, 9, 7, 3), 3, 2, 1), ((2, 10, 11, 2), 5, 3, 2), ((1, 16, 16, 12), 5, 1, 2),
-    ((2, 8, 8, 1), 5, 2, 0)])
+    ((2, 9, 7, 3), 3, 2, 1), ((2, 10, 11, 2), 5, 3, 2),
+    ((1, 16, 16, 12), 5, 1, 2), ((2, 8, 8, 1), 5, 2, 0)])
 def test_separable_patches_are_the_kxk_slices(shape, k, stride, padding):
   # Both gathers of _patches give the same array, exactly, and so the same
   # input gradient; the default picks the separable one only for a kernel of
