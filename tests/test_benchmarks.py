@@ -139,9 +139,10 @@ def test_cpu_peak_states_its_formula():
     assert "FLOP/cycle" in peak["how"]
 
 
-def _report(parts, commit, rows, quick=False):
+def _report(parts, commit, rows, quick=False, cpu="X"):
   return {"settings": {"quick": quick, "parts": list(parts)},
-          "machine": {"git_commit": commit, "date_utc": commit + "-date"},
+          "machine": {"git_commit": commit, "date_utc": commit + "-date",
+                      "cpu": cpu, "peak": {"gflops": len(cpu) * 100.0}},
           "rows": [{"part": p, "benchmark": b} for p, b in rows],
           "paper_scale": [{"setting": commit}], "unit_costs": {"c": commit},
           "preset_costs": [{"preset": commit}]}
@@ -159,7 +160,27 @@ def test_a_run_of_some_parts_keeps_the_others():
   assert merged["measured"]["defense"]["git_commit"] == "new"
   assert merged["measured"]["attack"]["git_commit"] == "old"
   assert merged["settings"]["parts"] == list(driver.PARTS)
-  assert "defense at commit new" in "\n".join(driver._measured_lines(merged))  # pylint: disable=protected-access
+  text = "\n".join(driver._measured_lines(merged))  # pylint: disable=protected-access
+  assert "defense at commit new" in text
+  assert "attack at commit old on old-date (load" in text
+  assert "different CPUs" not in text
+  # A part run on another CPU is labelled with it and its peak.
+  other = driver.merge(old, _report(("defense",), "new", [("defense", "b")],
+                                    cpu="Other CPU"))
+  assert other["measured"]["defense"]["cpu"] == "Other CPU"
+  assert other["measured"]["attack"]["peak_gflops"] == 100.0
+  text = "\n".join(driver._measured_lines(other))  # pylint: disable=protected-access
+  assert "defense at commit new on new-date on Other CPU (peak 900 " in text
+  assert "attack at commit old on old-date on X (peak 100 GFLOP/s)" in text
+  assert "ran on different CPUs" in text
+  # Stamps written before the CPU was recorded take it from their run's
+  # machine line; a part of an earlier run keeps its own stamp.
+  legacy = {"git_commit": "old", "date_utc": "old-date"}
+  earlier = {"git_commit": "older", "date_utc": "d0", "cpu": "Y"}
+  old["measured"] = {"fedavg": legacy, "attack": earlier}
+  merged = driver.merge(old, _report(("defense",), "new", [("defense", "b")]))
+  assert merged["measured"]["fedavg"]["cpu"] == "X"
+  assert merged["measured"]["attack"] == earlier
   # A quick run never mixes with a full one.
   quick = _report(("defense",), "q", [("defense", "c")], quick=True)
   assert [r["benchmark"] for r in driver.merge(old, quick)["rows"]] == ["c"]

@@ -342,15 +342,26 @@ def _pct(v: float | None) -> str:
 
 
 def _measured_lines(report: dict[str, Any]) -> list[str]:
-  """Which run measured each part, when parts come from different runs."""
+  """Which run measured each part, when parts come from different runs.
+
+  Parts measured on different CPUs name theirs: each row's ratio and
+  fraction of peak are of its own run, and rows of different CPUs do not
+  compare with each other.
+  """
   measured = report.get("measured") or {}
   if len({(m.get("git_commit"), m.get("date_utc"))
           for m in measured.values()}) <= 1:
     return []
+  cpus = len({m.get("cpu") for m in measured.values()}) > 1
+  on = lambda m: (f" on {m.get('cpu') or 'an unrecorded CPU'} (peak "
+                  f"{_fmt(m.get('peak_gflops'))} GFLOP/s)" if cpus else "")
   return ["Parts measured by separate runs: " + "; ".join(
-      f"{p} at commit {m.get('git_commit') or '?'} on {m.get('date_utc')} "
-      f"(load before {_loads(m.get('load_average_before'))})"
-      for p, m in measured.items()) + ".", ""]
+      f"{p} at commit {m.get('git_commit') or '?'} on {m.get('date_utc')}"
+      f"{on(m)} (load before {_loads(m.get('load_average_before'))})"
+      for p, m in measured.items()) + "." + (
+          " The parts ran on different CPUs: each row's ratio and fraction "
+          "of peak are of its own run, and the machine line below is the "
+          "latest run's." if cpus else ""), ""]
 
 
 def _gpu_lines(report: dict[str, Any], gpu: dict[str, Any]) -> list[str]:
@@ -603,18 +614,24 @@ def render(out_dir: str) -> None:
   print(f"rendered {out_dir}/BENCHMARKS.md")
 
 
+def _stamp(report: dict[str, Any]) -> dict[str, Any]:
+  """The run that measured a part: commit, date, loads, CPU and its peak."""
+  m = report.get("machine", {})
+  return {**{k: m.get(k) for k in
+             ("git_commit", "date_utc", "load_average_before", "load_average",
+              "tracked_files_modified", "cpu")},
+          "peak_gflops": m.get("peak", {}).get("gflops")}
+
+
 def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
   """``new`` with the parts it did not run taken from ``old``.
 
-  Each part keeps the machine line (commit, date, loads) of the run that
-  measured it, in ``measured``; runs of different sizes (quick / full) are
-  never merged.
+  Each part keeps the machine line (commit, date, loads, CPU and peak) of
+  the run that measured it, in ``measured``; runs of different sizes
+  (quick / full) are never merged.
   """
   parts = new["settings"]["parts"]
-  stamp = {k: new["machine"].get(k) for k in
-           ("git_commit", "date_utc", "load_average_before", "load_average",
-            "tracked_files_modified")}
-  new["measured"] = {p: stamp for p in parts}
+  new["measured"] = {p: _stamp(new) for p in parts}
   if (not old or old.get("settings", {}).get("quick") !=
       new["settings"]["quick"]):
     return new
@@ -622,9 +639,13 @@ def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
           if p not in parts]
   if not kept:
     return new
-  old_stamp = {k: old.get("machine", {}).get(k) for k in stamp}
-  new["measured"] = {**{p: old.get("measured", {}).get(p, old_stamp)
-                        for p in kept}, **new["measured"]}
+  # A part measured by the run of old's machine line takes that line whole
+  # (stamps written before the CPU was recorded gain it).
+  run_of = lambda m: (m.get("git_commit"), m.get("date_utc"))
+  stamps = {p: old.get("measured", {}).get(p) for p in kept}
+  new["measured"] = {**{
+      p: _stamp(old) if not m or run_of(m) == run_of(old.get("machine", {}))
+      else m for p, m in stamps.items()}, **new["measured"]}
   rows = [r for r in old.get("rows", []) if r["part"] in kept] + new["rows"]
   new["rows"] = sorted(rows, key=lambda r: PARTS.index(r["part"]))
   if "fedavg" in kept:
