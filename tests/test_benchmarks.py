@@ -230,6 +230,46 @@ def test_a_gpu_run_renders_as_the_gpu_section_of_the_cpu_page(tmp_path):
     driver.render(str(tmp_path / "nothing"))
 
 
+def test_earlier_runs_on_other_machines_render_beside_this_one(tmp_path):
+  """A full run on another CPU archives the previous one; the page lists
+  each archived run and its targeted rows beside ours (matched by benchmark
+  and configuration; '-' where a row is missing)."""
+  def report(cpu, commit, ratio, rounds_s):
+    r = _machine_report("cpu", 1.0, "torch 2 threads", ratio, 1.0, 1.0)
+    r["machine"].update(cpu=cpu, git_commit=commit, date_utc=commit + "-d")
+    r["rows"][0].update(target=1.5, met=ratio >= 1.5)
+    rounds = _full_row("rounds", rounds_s, "t", 1.0)
+    rounds.update(config="paper", met=rounds_s <= 1200)
+    r["rows"].append(rounds)
+    return r
+
+  old = report("Xeon", "old", 2.0, 900.0)
+  old["rows"] = old["rows"][:1]  # No time row in the earlier run.
+  driver.write(old, str(tmp_path))
+  xeon_page = (tmp_path / "BENCHMARKS.md").read_text()
+  # Same CPU, or some parts only: nothing is archived.
+  assert driver.archive_previous(old, report("Xeon", "b", 1.0, 1.0),
+                                 str(tmp_path)) is None
+  part = report("AMD", "p", 1.0, 1.0)
+  part["settings"]["parts"] = ["fedavg"]
+  assert driver.archive_previous(old, part, str(tmp_path)) is None
+  assert not (tmp_path / driver.ARCHIVE_DIR).exists()
+  # A full run on another CPU moves the page and JSON to the archive.
+  driver.publish(report("AMD", "new", 0.5, 4000.0), str(tmp_path))
+  kept = tmp_path / driver.ARCHIVE_DIR / "old-d-old"
+  assert (kept / "BENCHMARKS.md").read_text() == xeon_page
+  assert json.loads((kept / "benchmarks.json").read_text()) == old
+  md = (tmp_path / "BENCHMARKS.md").read_text()
+  section = md.split("## Earlier runs on other machines")[1].split("\n## ")[0]
+  assert ("| [archive/old-d-old](archive/old-d-old/BENCHMARKS.md) | Xeon | "
+          "old | old-d | 1 of 1 |") in section
+  assert ("| plain FedAvg round | LeNet CIFAR | 0.5x (not met) | "
+          "2.00x (met) |") in section
+  assert "| rounds | paper | 4000 s (not met) | - |" in section
+  # This run's own verdicts are unchanged by the archive.
+  assert "Targets met: 0 of 2." in md
+
+
 def test_presets_are_priced_from_the_stored_unit_costs(tmp_path):
   """A stale preset table (priced under an older plan) is re-priced by
   --render_only and by a run of other parts that keeps the unit costs."""

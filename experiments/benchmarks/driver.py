@@ -9,7 +9,10 @@ say so and carry no ratio.
 A run on a GPU (``--out_dir=docs/benchmarks/gpu``, the device script
 ``experiments/benchmarks/device_check.sh``) times the same rows with the
 peers on the same GPU; the CPU page then renders it as its GPU section
-(:func:`render_markdown`, ``--render_only``).
+(:func:`render_markdown`, ``--render_only``). The previous report, moved
+to ``archive/<date>-<commit>/`` when a full run on another CPU replaces it
+(:func:`publish`), stays linked from the page with its targeted rows beside
+the new ones.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ SETTINGS = {
 }
 GPU_NOTE = "not measured (no GPU lent)"
 GPU_DIR = "gpu"  # the GPU run's report, under the CPU report's folder
+# Earlier full runs on other CPUs, one folder each (BENCHMARKS.md and
+# benchmarks.json as that run wrote them), under the CPU report's folder.
+ARCHIVE_DIR = "archive"
 
 # Soteria mask: batch -> target ratio over the PyTorch loop (issue 12).
 MASK_TARGETS = {1: 10.0, 50: 3.0}
@@ -399,14 +405,57 @@ def _gpu_lines(report: dict[str, Any], gpu: dict[str, Any]) -> list[str]:
   return lines + [""]
 
 
+def _judged(r: dict[str, Any]) -> str:
+  """A targeted row's measured value: its ratio, or its time."""
+  if r.get("target") is None:
+    return f"{_fmt(r.get('ours_s'))} s"
+  return f"{_fmt(r['ratio'])}x" if r.get("ratio") is not None else "-"
+
+
+def _archive_lines(report: dict[str, Any],
+                   archived: list[tuple[str, dict[str, Any]]]) -> list[str]:
+  """Earlier full runs on other machines: their targeted rows beside ours."""
+  judged = [r for r in report.get("rows", []) if r.get("met") is not None]
+  runs = [(path, {(r["benchmark"], r["config"]): r
+                  for r in old.get("rows", [])}, old.get("machine", {}))
+          for path, old in archived]
+  lines = [
+      "## Earlier runs on other machines", "",
+      "Full runs kept from other machines, each with its own page (frozen: "
+      "measured at its commit, not re-rendered). A ratio is ours against "
+      "PyTorch on the same machine in the same run, and it depends on the "
+      "machine, so each run judges the targets on its own CPU.", "",
+      "| run | CPU | commit | date | targets met |", "|---|---|---|---|---|"]
+  for (path, old), (_, _, m) in zip(archived, runs):
+    met = [r["met"] for r in old.get("rows", []) if r.get("met") is not None]
+    lines.append(f"| [{path}]({path}/BENCHMARKS.md) | {_fmt(m.get('cpu'))} | "
+                 f"{m.get('git_commit') or '?'} | {m.get('date_utc', '?')} | "
+                 f"{sum(met)} of {len(met)} |")
+  lines += ["", "| benchmark | configuration | this run | " +
+            " | ".join(path for path, _ in archived) + " |",
+            "|---|---|---|" + "---|" * len(archived)]
+  mark = lambda r: f"{_judged(r)} ({'met' if r['met'] else 'not met'})"
+  for r in judged:
+    key = (r["benchmark"], r["config"])
+    lines.append(f"| {_fmt(r['benchmark'])} | {_fmt(r['config'])} | "
+                 f"{mark(r)} | " + " | ".join(
+                     mark(rows[key]) if rows.get(key, {}).get("met")
+                     is not None else "-" for _, rows, _ in runs) + " |")
+  return lines + [""]
+
+
 def render_markdown(report: dict[str, Any],
-                    gpu: dict[str, Any] | None = None) -> str:
+                    gpu: dict[str, Any] | None = None,
+                    archived: list[tuple[str, dict[str, Any]]] | None = None
+                    ) -> str:
   """BENCHMARKS.md from a report (pure function, no JAX, no I/O).
 
   Args:
     report: the run's report (:func:`run`, merged).
     gpu: a GPU run's report: rendered as its own section, and its paper
       scale and preset costs fill the 'one GPU' columns.
+    archived: earlier full runs on other machines, ``(folder relative to
+      the page, report)``: their targeted rows beside this run's.
   """
   m = report.get("machine", {})
   peak = m.get("peak", {})
@@ -472,16 +521,14 @@ def render_markdown(report: dict[str, Any],
     lines += ["| benchmark | configuration | measured | target | met |",
               "|---|---|---|---|---|"]
     for r in judged:
-      if r.get("target") is not None:
-        got = (f"{_fmt(r['ratio'])}x" if r.get("ratio") is not None
-               else "-")
-        want = f">= {_fmt(r['target'])}x"
-      else:
-        got = f"{_fmt(r['ours_s'])} s"
-        want = f"<= {_fmt(MNIST_ROUNDS_TARGET_S)} s"
-      lines.append(f"| {_fmt(r['benchmark'])} | {_fmt(r['config'])} | {got}"
-                   f" | {want} | {'met' if r['met'] else 'NOT met'} |")
+      want = (f">= {_fmt(r['target'])}x" if r.get("target") is not None
+              else f"<= {_fmt(MNIST_ROUNDS_TARGET_S)} s")
+      lines.append(f"| {_fmt(r['benchmark'])} | {_fmt(r['config'])} | "
+                   f"{_judged(r)} | {want} | "
+                   f"{'met' if r['met'] else 'NOT met'} |")
     lines.append("")
+  if archived:
+    lines += _archive_lines(report, archived)
   if gpu:
     lines += _gpu_lines(report, gpu)
   gpu_paper = {p["setting"]: p for p in (gpu or {}).get("paper_scale", [])}
@@ -588,17 +635,23 @@ def _price_presets(report: dict[str, Any] | None) -> None:
 
 def write(report: dict[str, Any], out_dir: str) -> None:
   """Writes benchmarks.json and BENCHMARKS.md atomically; a CPU report's
-  page includes the GPU report of ``out_dir/gpu`` when there is one. The
-  preset costs of both are re-priced from their unit costs."""
+  page includes the GPU report of ``out_dir/gpu`` when there is one, and the
+  earlier runs kept in ``out_dir/archive/*``. The preset costs of this report
+  and the GPU's are re-priced from their unit costs."""
   os.makedirs(out_dir, exist_ok=True)
   _price_presets(report)
   storage.write_json(os.path.join(out_dir, "benchmarks.json"), report)
-  gpu = None
+  gpu, archived = None, []
   if report.get("machine", {}).get("backend") == "cpu":
     gpu = storage.read_json(os.path.join(out_dir, GPU_DIR, "benchmarks.json"))
     _price_presets(gpu)
+    root = os.path.join(out_dir, ARCHIVE_DIR)
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+      old = storage.read_json(os.path.join(root, name, "benchmarks.json"))
+      if old is not None:
+        archived.append((f"{ARCHIVE_DIR}/{name}", old))
   storage.write_text(os.path.join(out_dir, "BENCHMARKS.md"),
-                     render_markdown(report, gpu))
+                     render_markdown(report, gpu, archived))
 
 
 def render(out_dir: str) -> None:
@@ -656,18 +709,46 @@ def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
   return new
 
 
-def run_and_write(quick: bool, out_dir: str, parts=PARTS,
-                  torch_threads: int = 2) -> dict[str, Any]:
-  """:func:`run` then :func:`write`; prints where the files went.
+def archive_previous(old: dict[str, Any] | None, new: dict[str, Any],
+                     out_dir: str) -> str | None:
+  """Keeps ``old``'s page and JSON under ``out_dir/archive/<date>-<commit>``
+  when ``new`` is a full run of every part on another CPU (the run that
+  replaces it); returns the folder, or None when nothing was kept."""
+  m, n = (old or {}).get("machine", {}), new.get("machine", {})
+  if (not old or old.get("settings", {}).get("quick") or
+      new["settings"].get("quick") or m.get("cpu") == n.get("cpu") or
+      set(new["settings"]["parts"]) != set(PARTS)):
+    return None
+  date = (m.get("date_utc") or "undated")[:10]
+  folder = os.path.join(out_dir, ARCHIVE_DIR,
+                        f"{date}-{m.get('git_commit') or 'unknown'}")
+  page = os.path.join(out_dir, "BENCHMARKS.md")
+  if os.path.exists(page):
+    with open(page, encoding="utf-8") as f:
+      storage.write_text(os.path.join(folder, "BENCHMARKS.md"), f.read())
+  storage.write_json(os.path.join(folder, "benchmarks.json"), old)
+  return folder
 
-  A run of some of the parts replaces those parts of an existing report in
-  ``out_dir`` and keeps the others (:func:`merge`).
-  """
-  t0 = time.perf_counter()
-  report = run(quick, parts, torch_threads)
-  report["machine"]["benchmark_wall_s"] = time.perf_counter() - t0
-  report = merge(storage.read_json(os.path.join(out_dir, "benchmarks.json")),
-                 report)
+
+def publish(report: dict[str, Any], out_dir: str) -> dict[str, Any]:
+  """Writes a run's report into ``out_dir``: a run of some of the parts
+  replaces those parts of the report there and keeps the others
+  (:func:`merge`); a full run on another CPU moves the previous report to
+  the archive first (:func:`archive_previous`)."""
+  old = storage.read_json(os.path.join(out_dir, "benchmarks.json"))
+  kept = archive_previous(old, report, out_dir)
+  if kept:
+    print(f"kept the previous machine's run in {kept}")
+  report = merge(old, report)
   write(report, out_dir)
   print(f"wrote {out_dir}/BENCHMARKS.md and benchmarks.json")
   return report
+
+
+def run_and_write(quick: bool, out_dir: str, parts=PARTS,
+                  torch_threads: int = 2) -> dict[str, Any]:
+  """:func:`run` then :func:`publish`."""
+  t0 = time.perf_counter()
+  report = run(quick, parts, torch_threads)
+  report["machine"]["benchmark_wall_s"] = time.perf_counter() - t0
+  return publish(report, out_dir)
