@@ -33,8 +33,9 @@ Models (paper appendix B and the reference code):
 * ``mlp``: two hidden ReLU layers (width 200 by default).
 * ``logreg``: logistic regression; its representation is the flattened image.
 
-Convolutions: ``conv_impl`` 'auto' (the default: 's2d' on CPU, 'patches'
-for a one-channel image layer, 'xla' on GPU/TPU), 'xla', 'patches' (im2col),
+Convolutions: ``conv_impl`` 'auto' (the default: on CPU 'patches' for a
+one-channel image layer or a kernel of 5 or more, else 's2d'; 'xla' on
+GPU/TPU), 'xla', 'patches' (im2col),
 's2d' (space-to-depth, canonical layouts for every derivative), 'dense' (the
 layer's matrix, one matmul), 'jacobian' ('auto', but 'dense' for small
 stride-1 layers on CPU; what the Soteria Jacobian's many pullbacks use) or
@@ -96,6 +97,12 @@ PATCHES_MAX_CHANNELS = 1
 # 0.97x / 1.05x for 8; LeNet5 and the leakage CNN within noise. 3x3 kernels
 # (ConvNet) ran GS 0.82x as fast and one-channel layers (MNIST's first) DLG
 # 0.65x, so they keep k*k slices.
+# 'auto' on CPU runs such a layer as 'patches' in training too (Soteria's
+# pullbacks, 'jacobian', keep 's2d'): plain FedAvg rounds (10 clients x 200
+# examples, one epoch), s2d / patches time on the AMD EPYC, batch 10 / 50 /
+# 200: LeNet CIFAR-10 1.06x / 1.41x / 1.13x, LeNet MNIST 1.08x / 1.18x (batch
+# 10 / 50), leakage CNN CIFAR-10 1.19x / 1.83x / 1.43x, LeNet5 CIFAR-10 1.37x
+# / 1.39x / 1.29x. Defended rounds (Soteria at every step) within noise.
 SEPARABLE_MIN_KERNEL = 5
 
 # 'jacobian' on CPU runs a stride-1 layer as its dense matrix when the input
@@ -111,10 +118,13 @@ def resolve_conv_impl(conv_impl: str, backend: str | None = None,
                       layer: tuple[int, int, int, int] | None = None) -> str:
   """The formulation a layer runs.
 
-  'auto' -> 'xla' on GPU/TPU; on CPU 's2d', or 'patches' for a layer with
-  ``in_channels`` <= :data:`PATCHES_MAX_CHANNELS`. 'jacobian' -> as 'auto',
-  except 'dense' on CPU for a stride-1 ``layer = (H, W, kernel, stride)``
-  with ``H * W <= DENSE_MAX_RATIO * kernel ** 2``. 'second_order' ->
+  'auto' -> 'xla' on GPU/TPU; on CPU 'patches' for a layer with
+  ``in_channels`` <= :data:`PATCHES_MAX_CHANNELS` or a ``layer = (H, W,
+  kernel, stride)`` with ``kernel >= SEPARABLE_MIN_KERNEL``, else 's2d'.
+  'jacobian' -> 'xla' on GPU/TPU; on CPU 'dense' for a stride-1 layer with
+  ``H * W <= DENSE_MAX_RATIO * kernel ** 2``, else 'patches' for one input
+  channel, else 's2d'.
+  'second_order' ->
   'patches' on CPU, 'xla' on GPU/TPU. Any other value is returned
   unchanged.
 
@@ -136,6 +146,9 @@ def resolve_conv_impl(conv_impl: str, backend: str | None = None,
     if stride == 1 and h * w <= DENSE_MAX_RATIO * k * k:
       return "dense"
   if in_channels is not None and in_channels <= PATCHES_MAX_CHANNELS:
+    return "patches"
+  if (conv_impl == "auto" and layer is not None and
+      layer[2] >= SEPARABLE_MIN_KERNEL):
     return "patches"
   return "s2d"
 

@@ -332,17 +332,24 @@ def test_s2d_derivatives_stay_canonical_inside_loops():
 
 def test_auto_conv_impl_resolves_per_backend():
   assert models.resolve_conv_impl("auto", "cpu") == "s2d"
-  # On CPU a grey image layer is im2col, every other layer s2d.
+  # On CPU a grey image layer and a 5x5 (or larger) one are im2col, every
+  # other layer s2d.
   assert models.resolve_conv_impl("auto", "cpu", in_channels=1) == "patches"
   assert models.resolve_conv_impl("auto", "cpu", in_channels=3) == "s2d"
+  for layer, impl in [((32, 32, 5, 2), "patches"), ((8, 8, 5, 1), "patches"),
+                      ((32, 32, 7, 1), "patches"), ((32, 32, 3, 1), "s2d"),
+                      ((8, 8, 3, 2), "s2d")]:
+    assert models.resolve_conv_impl("auto", "cpu", 12, layer) == impl
+    assert models.resolve_conv_impl("auto", "gpu", 12, layer) == "xla"
   assert models.resolve_conv_impl("auto", "gpu", in_channels=3) == "xla"
   assert models.resolve_conv_impl("auto", "gpu") == "xla"
   assert models.resolve_conv_impl("auto", "tpu") == "xla"
   assert models.resolve_conv_impl("patches", "cpu") == "patches"
   # 'jacobian': small stride-1 layers (LeNet's 7x7 / 8x8 ones) as matrices.
+  # Soteria's pullbacks keep 's2d' for 5x5 layers ('patches' was slower).
   for layer, impl in [((7, 7, 5, 1), "dense"), ((8, 8, 5, 1), "dense"),
                       ((8, 8, 5, 2), "s2d"), ((14, 14, 5, 1), "s2d"),
-                      ((10, 10, 3, 1), "s2d")]:
+                      ((32, 32, 5, 2), "s2d"), ((10, 10, 3, 1), "s2d")]:
     assert models.resolve_conv_impl("jacobian", "cpu", 12, layer) == impl
   assert models.resolve_conv_impl("jacobian", "gpu", 12, (7, 7, 5, 1)) == "xla"
   assert models.resolve_conv_impl("jacobian", "cpu", 1) == "patches"
