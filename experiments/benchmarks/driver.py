@@ -426,13 +426,13 @@ def _archive_lines(report: dict[str, Any],
       "PyTorch on the same machine in the same run, and it depends on the "
       "machine, so each run judges the targets on its own CPU.", "",
       "| run | CPU | commit | date | targets met |", "|---|---|---|---|---|"]
-  for (path, old), (_, _, m) in zip(archived, runs):
-    met = [r["met"] for r in old.get("rows", []) if r.get("met") is not None]
+  for path, rows, m in runs:
+    met = [r["met"] for r in rows.values() if r.get("met") is not None]
     lines.append(f"| [{path}]({path}/BENCHMARKS.md) | {_fmt(m.get('cpu'))} | "
                  f"{m.get('git_commit') or '?'} | {m.get('date_utc', '?')} | "
                  f"{sum(met)} of {len(met)} |")
   lines += ["", "| benchmark | configuration | this run | " +
-            " | ".join(path for path, _ in archived) + " |",
+            " | ".join(path for path, _, _ in runs) + " |",
             "|---|---|---|" + "---|" * len(archived)]
   mark = lambda r: f"{_judged(r)} ({'met' if r['met'] else 'not met'})"
   for r in judged:
