@@ -35,14 +35,14 @@ Models (paper appendix B and the reference code):
 
 Convolutions: ``conv_impl`` 'auto' (the default: on CPU 'patches' for a
 one-channel image layer or a kernel of 5 or more, else 's2d'; 'xla' on
-GPU/TPU), 'xla', 'patches' (im2col),
-'s2d' (space-to-depth, canonical layouts for every derivative), 'dense' (the
-layer's matrix, one matmul), 'jacobian' ('auto', but 'dense' for small
-stride-1 layers on CPU; what the Soteria Jacobian's many pullbacks use) or
-'second_order' ('patches' on CPU, else 'xla'; what the gradient-matching
+GPU/TPU), 'xla', 'patches' (im2col), 's2d' (space-to-depth, canonical
+layouts for every derivative), 'dense' (the layer's matrix, one matmul),
+'jacobian' (on CPU 'dense' for small stride-1 layers, 'patches' for one
+input channel, else 's2d'; what the Soteria Jacobian's many pullbacks use)
+or 'second_order' ('patches' on CPU, else 'xla'; what the gradient-matching
 attacks use, which differentiate a gradient); same parameters, same numbers
-(tested). Why and how fast: ``docs/design.md``
-("Convolutions") and ``docs/benchmarks``.
+(tested). Why and how fast: ``docs/design.md`` ("Convolutions") and
+``docs/benchmarks``.
 """
 
 from __future__ import annotations
@@ -123,10 +123,8 @@ def resolve_conv_impl(conv_impl: str, backend: str | None = None,
   kernel, stride)`` with ``kernel >= SEPARABLE_MIN_KERNEL``, else 's2d'.
   'jacobian' -> 'xla' on GPU/TPU; on CPU 'dense' for a stride-1 layer with
   ``H * W <= DENSE_MAX_RATIO * kernel ** 2``, else 'patches' for one input
-  channel, else 's2d'.
-  'second_order' ->
-  'patches' on CPU, 'xla' on GPU/TPU. Any other value is returned
-  unchanged.
+  channel, else 's2d'. 'second_order' -> 'patches' on CPU, 'xla' on
+  GPU/TPU. Any other value is returned unchanged.
 
   Raises:
     ValueError: ``conv_impl`` is not one of :data:`CONV_IMPLS`.
