@@ -412,10 +412,10 @@ def _judged(r: dict[str, Any]) -> str:
   return f"{_fmt(r['ratio'])}x" if r.get("ratio") is not None else "-"
 
 
-def _archive_lines(report: dict[str, Any],
+def _archive_lines(judged: list[dict[str, Any]],
                    archived: list[tuple[str, dict[str, Any]]]) -> list[str]:
-  """Earlier full runs on other machines: their targeted rows beside ours."""
-  judged = [r for r in report.get("rows", []) if r.get("met") is not None]
+  """Earlier full runs on other machines: their targeted rows beside this
+  run's ``judged`` ones."""
   runs = [(path, {(r["benchmark"], r["config"]): r
                   for r in old.get("rows", [])}, old.get("machine", {}))
           for path, old in archived]
@@ -528,7 +528,7 @@ def render_markdown(report: dict[str, Any],
                    f"{'met' if r['met'] else 'NOT met'} |")
     lines.append("")
   if archived:
-    lines += _archive_lines(report, archived)
+    lines += _archive_lines(judged, archived)
   if gpu:
     lines += _gpu_lines(report, gpu)
   gpu_paper = {p["setting"]: p for p in (gpu or {}).get("paper_scale", [])}
@@ -722,11 +722,11 @@ def archive_previous(old: dict[str, Any] | None, new: dict[str, Any],
   date = (m.get("date_utc") or "undated")[:10]
   folder = os.path.join(out_dir, ARCHIVE_DIR,
                         f"{date}-{m.get('git_commit') or 'unknown'}")
-  page = os.path.join(out_dir, "BENCHMARKS.md")
-  if os.path.exists(page):
-    with open(page, encoding="utf-8") as f:
-      storage.write_text(os.path.join(folder, "BENCHMARKS.md"), f.read())
-  storage.write_json(os.path.join(folder, "benchmarks.json"), old)
+  for name in ("BENCHMARKS.md", "benchmarks.json"):  # Verbatim copies.
+    path = os.path.join(out_dir, name)
+    if os.path.exists(path):
+      with open(path, "rb") as f:
+        storage.write_bytes(os.path.join(folder, name), f.read())
   return folder
 
 
