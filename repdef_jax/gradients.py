@@ -235,9 +235,17 @@ def check_finite(tree: Any, name: str = "grads") -> None:
   """Raises a ValueError naming ``name`` when a leaf holds NaN or inf.
 
   Host-side check on concrete arrays; call it before handing a gradient to a
-  jitted attack or defense.
+  jitted attack or defense. One compiled program per tree's shapes (not two
+  one-operation programs per leaf shape), on the arrays' device.
   """
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    if not bool(jnp.all(jnp.isfinite(leaf))):
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  finite = jax.device_get(_leaves_finite([leaf for _, leaf in flat]))
+  for (path, _), ok in zip(flat, finite):
+    if not ok:
       raise ValueError(f"{name} holds NaN or inf at "
                        f"{jax.tree_util.keystr(path)}.")
+
+
+@jax.jit
+def _leaves_finite(leaves: list[jax.Array]) -> list[jax.Array]:
+  return [jnp.all(jnp.isfinite(leaf)) for leaf in leaves]
