@@ -38,7 +38,6 @@ from jax.flatten_util import ravel_pytree
 import optax
 
 
-
 class TorchLBFGSState(NamedTuple):
   """Ring buffer of curvature pairs and the previous iterate."""
 
