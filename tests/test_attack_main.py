@@ -12,6 +12,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from repdef_jax import data
+from repdef_jax import host
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 if _ROOT not in sys.path:
@@ -48,6 +49,7 @@ def test_main_job_end_to_end_and_resume(tmp_path):
   assert len(on_disk["images"]) == 2
   for entry in on_disk["images"]:
     assert {"index", "label", "undefended", "defended"} <= set(entry)
+    assert entry["host"] == host.describe()
     assert ENTRY_KEYS <= set(entry["undefended"])
     assert ENTRY_KEYS | {"pruned_fraction_nominal",
                          "pruned_fraction_effective"} <= set(entry["defended"])
@@ -352,13 +354,21 @@ def test_table_row_and_readme_block_on_a_hand_made_entry():
   assert attack_main.table_row(error) == "     4     1 | ValueError: x a.png"
   config = {**attack_main.DEFAULT_CONFIG, "attack": "gs", "model": "lenet",
             "dataset": "mnist", "strength": 60.0}
+  xeon = {"cpu": "Xeon", "cores": 2, "backend": "cpu", "device_kind": "cpu"}
+  images = [{**entry, "host": xeon}, error,
+            {**entry, "index": 13, "host": {**xeon, "cpu": "EPYC"}},
+            {**entry, "index": 14, "host": xeon}]
   block = attack_main.readme_block({"config": config,
-                                    "images": [entry, error]}).splitlines()
+                                    "images": images}).splitlines()
   assert block[0] == attack_main.README_BEGIN
   assert block[-1] == attack_main.README_END
   assert block[2].startswith("gs on lenet/mnist, defense soteria(60);")
-  assert block[4:6] == [attack_main.table_row(entry),
-                        attack_main.table_row(error)]
+  assert block[4:8] == [attack_main.table_row(e) for e in images]
+  assert block[8] == "```"
+  # Each machine once, in order of first use; the error entry predates the
+  # record.
+  assert block[9] == ("Computed on: Xeon, 2 cores, cpu; not recorded; "
+                      "EPYC, 2 cores, cpu.")
 
 
 @pytest.mark.parametrize("key", ["num_images", "iterations"])

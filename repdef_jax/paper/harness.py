@@ -291,8 +291,7 @@ def defend(model: models_lib.Model, params: Params,
   x = jnp.asarray(x, jnp.float32)
   y = jnp.asarray(y, jnp.int32)
   grads = gradients.batch_grad(model, params, x, y)
-  shared, info = defense.apply(grads, defenses_lib.ClientBatch(params, x, y),
-                               key)
+  shared, info = defense(grads, defenses_lib.ClientBatch(params, x, y), key)
   return grads, shared, {k: float(v) for k, v in info.items()}
 
 
