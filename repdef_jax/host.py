@@ -26,6 +26,7 @@ bit. On a GPU/TPU host the extra CPU devices are unused.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from typing import Any, Callable
@@ -55,6 +56,15 @@ def cpuinfo(key: str) -> str | None:
   except OSError:
     return None
   return None
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_has_avx512() -> bool:
+  """Whether this CPU reports AVX-512 (``avx512f`` in ``/proc/cpuinfo``'s
+  flags; False where that file is missing). XLA's CPU convolutions compile
+  to it, which changes the fastest formulation of some layers
+  (:func:`repdef_jax.models.resolve_conv_impl`)."""
+  return "avx512f" in (cpuinfo("flags") or "").split()
 
 
 def describe() -> dict[str, Any]:

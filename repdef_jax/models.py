@@ -34,8 +34,8 @@ Models (paper appendix B and the reference code):
 * ``logreg``: logistic regression; its representation is the flattened image.
 
 Convolutions: ``conv_impl`` 'auto' (the default: on CPU 'patches' for a
-one-channel image layer or a kernel of 5 or more, else 's2d'; 'xla' on
-GPU/TPU), 'xla', 'patches' (im2col), 's2d' (space-to-depth, canonical
+one-channel image layer or a kernel of 5 or more, on CPUs with AVX-512 only
+for such kernels at stride 1 on large maps, else 's2d'; 'xla' on GPU/TPU), 'xla', 'patches' (im2col), 's2d' (space-to-depth, canonical
 layouts for every derivative), 'dense' (the layer's matrix, one matmul),
 'jacobian' (on CPU 'dense' for small stride-1 layers, 'patches' for one
 input channel, else 's2d'; what the Soteria Jacobian's many pullbacks use)
@@ -56,6 +56,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from repdef_jax import host
 
 Params = Any
 
@@ -105,6 +107,17 @@ PATCHES_MAX_CHANNELS = 1
 # / 1.39x / 1.29x. Defended rounds (Soteria at every step) within noise.
 SEPARABLE_MIN_KERNEL = 5
 
+# On a CPU with AVX-512, XLA's convolutions train strided layers and small
+# stride-1 maps faster than im2col, so 'auto' takes 'patches' for such a
+# layer only when it has stride 1 and an input of at least this many
+# positions (H * W). The same rounds on a 2-core Intel Xeon (AVX-512),
+# patches / s2d time, batch 10 / 50 / 200: LeNet CIFAR-10 (strides 2, 2, 1,
+# 1; 8x8 stride-1 maps) 1.66x / 1.36x / 2.46x, LeNet MNIST 1.34x / 1.34x /
+# 2.71x, while the stride-1 layers on 32x32 / 28x28 / 14x14 inputs still
+# prefer im2col at batch 10 / 50: leakage CNN CIFAR-10 0.97x / 0.89x (1.59x
+# at 200), LeNet5 CIFAR-10 1.05x / 0.68x / 0.94x.
+PATCHES_MIN_AREA_AVX512 = 196
+
 # 'jacobian' on CPU runs a stride-1 layer as its dense matrix when the input
 # has at most this many kernel areas (H * W <= ratio * k * k): the matmul does
 # up to 3x the multiply-adds but runs 2-4x closer to peak than XLA's CPU
@@ -115,12 +128,15 @@ DENSE_MAX_RATIO = 3.0
 
 def resolve_conv_impl(conv_impl: str, backend: str | None = None,
                       in_channels: int | None = None,
-                      layer: tuple[int, int, int, int] | None = None) -> str:
+                      layer: tuple[int, int, int, int] | None = None,
+                      avx512: bool | None = None) -> str:
   """The formulation a layer runs.
 
   'auto' -> 'xla' on GPU/TPU; on CPU 'patches' for a layer with
   ``in_channels`` <= :data:`PATCHES_MAX_CHANNELS` or a ``layer = (H, W,
-  kernel, stride)`` with ``kernel >= SEPARABLE_MIN_KERNEL``, else 's2d'.
+  kernel, stride)`` with ``kernel >= SEPARABLE_MIN_KERNEL`` (with
+  ``avx512``, default :func:`repdef_jax.host.cpu_has_avx512`, only a
+  stride-1 layer with ``H * W >= PATCHES_MIN_AREA_AVX512``), else 's2d'.
   'jacobian' -> 'xla' on GPU/TPU; on CPU 'dense' for a stride-1 layer with
   ``H * W <= DENSE_MAX_RATIO * kernel ** 2``, else 'patches' for one input
   channel, else 's2d'. 'second_order' -> 'patches' on CPU, 'xla' on
@@ -145,9 +161,13 @@ def resolve_conv_impl(conv_impl: str, backend: str | None = None,
       return "dense"
   if in_channels is not None and in_channels <= PATCHES_MAX_CHANNELS:
     return "patches"
-  if (conv_impl == "auto" and layer is not None and
-      layer[2] >= SEPARABLE_MIN_KERNEL):
-    return "patches"
+  if conv_impl == "auto" and layer is not None:
+    h, w, k, stride = layer
+    if avx512 is None:
+      avx512 = host.cpu_has_avx512()
+    if k >= SEPARABLE_MIN_KERNEL and (not avx512 or (
+        stride == 1 and h * w >= PATCHES_MIN_AREA_AVX512)):
+      return "patches"
   return "s2d"
 
 

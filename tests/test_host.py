@@ -187,6 +187,17 @@ def test_cpuinfo_reads_the_first_matching_line():
   assert host.describe()["cpu"] == match.group(1)
 
 
+@pytest.mark.parametrize("flags,expected", [
+    ("fpu sse avx2 fma avx512f avx512dq", True),
+    ("fpu sse avx2 fma", False),
+    ("fpu avx512_bf16 avx512vl", False),  # Extensions without the base set.
+    (None, False)])  # No /proc/cpuinfo (not Linux).
+def test_avx512_is_the_avx512f_flag(monkeypatch, flags, expected):
+  monkeypatch.setattr(host, "cpuinfo",
+                      lambda key: flags if key == "flags" else None)
+  assert host.cpu_has_avx512.__wrapped__() is expected
+
+
 def test_sequential_map_is_not_unrolled_off_cpu(monkeypatch):
   """On GPU/TPU the loop stays lax.map's (one item per trip)."""
   xs = jax.numpy.ones((4, 3))

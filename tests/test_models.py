@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from repdef_jax import host
 from repdef_jax import models
 
 SHAPES = {"mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
@@ -339,14 +340,28 @@ def test_s2d_derivatives_stay_canonical_inside_loops():
 def test_auto_conv_impl_resolves_per_backend():
   assert models.resolve_conv_impl("auto", "cpu") == "s2d"
   # On CPU a grey image layer and a 5x5 (or larger) one are im2col, every
-  # other layer s2d.
-  assert models.resolve_conv_impl("auto", "cpu", in_channels=1) == "patches"
-  assert models.resolve_conv_impl("auto", "cpu", in_channels=3) == "s2d"
-  for layer, impl in [((32, 32, 5, 2), "patches"), ((8, 8, 5, 1), "patches"),
-                      ((32, 32, 7, 1), "patches"), ((32, 32, 3, 1), "s2d"),
-                      ((8, 8, 3, 2), "s2d")]:
-    assert models.resolve_conv_impl("auto", "cpu", 12, layer) == impl
+  # other layer s2d; with AVX-512 only stride-1 5x5 layers on maps of 14x14
+  # or more are im2col (LeNet's layers are not, LeNet5's and the leakage
+  # CNN's are).
+  for avx512 in (False, True):
+    assert models.resolve_conv_impl("auto", "cpu", in_channels=1,
+                                    avx512=avx512) == "patches"
+    assert models.resolve_conv_impl("auto", "cpu", in_channels=3,
+                                    avx512=avx512) == "s2d"
+  for layer, avx2, avx512 in [
+      ((32, 32, 5, 2), "patches", "s2d"), ((8, 8, 5, 1), "patches", "s2d"),
+      ((32, 32, 7, 1), "patches", "patches"),
+      ((14, 14, 5, 1), "patches", "patches"),
+      ((13, 14, 5, 1), "patches", "s2d"), ((32, 32, 3, 1), "s2d", "s2d"),
+      ((8, 8, 3, 2), "s2d", "s2d")]:
+    assert models.resolve_conv_impl("auto", "cpu", 12, layer,
+                                    avx512=False) == avx2
+    assert models.resolve_conv_impl("auto", "cpu", 12, layer,
+                                    avx512=True) == avx512
     assert models.resolve_conv_impl("auto", "gpu", 12, layer) == "xla"
+  # Without the argument, this host's flags decide.
+  assert models.resolve_conv_impl("auto", "cpu", 12, (8, 8, 5, 1)) == (
+      "s2d" if host.cpu_has_avx512() else "patches")
   assert models.resolve_conv_impl("auto", "gpu", in_channels=3) == "xla"
   assert models.resolve_conv_impl("auto", "gpu") == "xla"
   assert models.resolve_conv_impl("auto", "tpu") == "xla"
