@@ -34,9 +34,10 @@ Models (paper appendix B and the reference code):
 * ``logreg``: logistic regression; its representation is the flattened image.
 
 Convolutions: ``conv_impl`` 'auto' (the default: on CPU 'patches' for a
-one-channel image layer or a kernel of 5 or more, on CPUs with AVX-512 only
-for such kernels at stride 1 on large maps, else 's2d'; 'xla' on GPU/TPU), 'xla', 'patches' (im2col), 's2d' (space-to-depth, canonical
-layouts for every derivative), 'dense' (the layer's matrix, one matmul),
+one-channel image layer or a kernel of 5 or more, with AVX-512 only for
+such kernels at stride 1 on large maps, else 's2d'; 'xla' on GPU/TPU),
+'xla', 'patches' (im2col), 's2d' (space-to-depth, canonical layouts for
+every derivative), 'dense' (the layer's matrix, one matmul),
 'jacobian' (on CPU 'dense' for small stride-1 layers, 'patches' for one
 input channel, else 's2d'; what the Soteria Jacobian's many pullbacks use)
 or 'second_order' ('patches' on CPU, else 'xla'; what the gradient-matching
@@ -110,8 +111,9 @@ SEPARABLE_MIN_KERNEL = 5
 # On a CPU with AVX-512, XLA's convolutions train strided layers and small
 # stride-1 maps faster than im2col, so 'auto' takes 'patches' for such a
 # layer only when it has stride 1 and an input of at least this many
-# positions (H * W). The same rounds on a 2-core Intel Xeon (AVX-512),
-# patches / s2d time, batch 10 / 50 / 200: LeNet CIFAR-10 (strides 2, 2, 1,
+# positions (H * W). The same rounds on a 2-core Intel Xeon (AVX-512), time
+# with every 5x5 layer 'patches' / 's2d' (one-channel layers 'patches' in
+# both; best of 7, interleaved), batch 10 / 50 / 200: LeNet CIFAR-10 (strides 2, 2, 1,
 # 1; 8x8 stride-1 maps) 1.66x / 1.36x / 2.46x, LeNet MNIST 1.34x / 1.34x /
 # 2.71x, while the stride-1 layers on 32x32 / 28x28 / 14x14 inputs still
 # prefer im2col at batch 10 / 50: leakage CNN CIFAR-10 0.97x / 0.89x (1.59x
@@ -769,9 +771,9 @@ def get_model(name: str,
     num_classes: number of classes.
     init: 'default' (flax initialisers) or 'uniform' (U(-0.5, 0.5) on every
       weight and bias, as DLG).
-    conv_impl: 'auto' (default: 's2d' on CPU, 'xla' on GPU/TPU), 'xla',
-      'patches', 's2d', 'dense', 'jacobian' or 'second_order' (see the
-      module docstring).
+    conv_impl: 'auto' (default: per layer and backend, see
+      :func:`resolve_conv_impl`), 'xla', 'patches', 's2d', 'dense',
+      'jacobian' or 'second_order' (see the module docstring).
     **kwargs: extra module attributes (e.g. ``width`` for convnet64,
       ``hidden`` for mlp / lenet5).
 
