@@ -94,7 +94,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model = "logreg"
   c.model_init = "default"
   c.model_kwargs = ml_collections.ConfigDict()  # e.g. {'width': 16}
-  c.conv_impl = "auto"  # s2d on CPU, xla on GPU/TPU (repdef_jax.models).
+  c.conv_impl = "auto"  # Per layer and backend (models.resolve_conv_impl).
   c.partition = "noniid"  # noniid | iid | dirichlet
   c.num_clients = 100
   c.classes_per_client = 2
