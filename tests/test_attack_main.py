@@ -288,6 +288,7 @@ def test_degenerate_true_gradient_is_an_error_entry(tmp_path, monkeypatch,
                                "num_images": 1}, workdir)
   [entry] = results["images"]
   assert entry["error"].startswith("ValueError: ") and match in entry["error"]
+  assert entry["host"] == host.describe()  # Where it failed, too.
   assert "undefended" not in entry
   assert not os.path.exists(
       os.path.join(workdir, f"recon_{entry['index']}.npz"))
@@ -365,8 +366,8 @@ def test_table_row_and_readme_block_on_a_hand_made_entry():
   assert block[2].startswith("gs on lenet/mnist, defense soteria(60);")
   assert block[4:8] == [attack_main.table_row(e) for e in images]
   assert block[8] == "```"
-  # Each machine once, in order of first use; the error entry predates the
-  # record.
+  # Each machine once, in order of first use; the error entry (hand-made
+  # here without one) stands for an entry written before the record.
   assert block[9] == ("Computed on: Xeon, 2 cores, cpu; not recorded; "
                       "EPYC, 2 cores, cpu.")
 

@@ -526,7 +526,7 @@ def run(config: Any, workdir: str, verbose: bool = True) -> dict:
                  "undefended": und, "defended": dfd, "host": host.describe()}
       except (ValueError, FloatingPointError) as e:
         entry = {"index": idx, "label": int(labels[idx]), **extra.get(idx, {}),
-                 "error": f"{type(e).__name__}: {e}"}
+                 "error": f"{type(e).__name__}: {e}", "host": host.describe()}
       results["images"].append(harness.jsonable(entry))
       done[idx] = results["images"][-1]
       storage.write_json(path, results)  # results.json first: the record.
