@@ -74,6 +74,13 @@ def test_compare_counts_images_attacked_by_both():
   assert result["counts"] == {"replicates": 1}
   text = replication.render(result, "ref")
   assert "4 attacked test images, 2 shared with the reference" in text
+  assert text.startswith("# Replication on unseen seeds and images\n")
+  # The same seeds check reproduction, not replication, and say so.
+  rerun = replication.render(replication.compare(
+      {"tradeoff": _tradeoff_result([0])},
+      {"tradeoff": _tradeoff_result([0])}), "ref")
+  assert rerun.startswith("# Rerun with the reference's seeds\n")
+  assert "not that its verdicts hold on unseen data" in rerun
 
 
 def test_attacked_indices_differ_between_seeds():

@@ -138,11 +138,17 @@ def _provenance(result: dict[str, Any]) -> list[str]:
 def render(result: dict[str, Any], reference_dir: str) -> str:
   """REPLICATION.md: the rule, the counts and one row per claim."""
   iv = report.fmt_value_interval
+  same_seeds = all(ref == rep for ref, rep in result["seeds"].values())
   lines = [
+      "# Rerun with the reference's seeds" if same_seeds else
       "# Replication on unseen seeds and images", "",
       f"Reference: `{reference_dir}`. Rule (docs/evaluation.md, "
       "Replication): a claim replicates when both runs give the same "
       "verdict and their 95 % intervals overlap.", ""]
+  if same_seeds:
+    lines += ["Same seeds, so the same partitions, inits and images: this "
+              "checks that the reference reproduces (the code or the CPU "
+              "may differ), not that its verdicts hold on unseen data.", ""]
   lines += _provenance(result)
   lines += ["", "Counts: " + ", ".join(
       f"{k} {v}" for k, v in sorted(result["counts"].items())), ""]
