@@ -113,11 +113,11 @@ SEPARABLE_MIN_KERNEL = 5
 # layer only when it has stride 1 and an input of at least this many
 # positions (H * W). The same rounds on a 2-core Intel Xeon (AVX-512), time
 # with every 5x5 layer 'patches' / 's2d' (one-channel layers 'patches' in
-# both; best of 7, interleaved), batch 10 / 50 / 200: LeNet CIFAR-10 (strides 2, 2, 1,
-# 1; 8x8 stride-1 maps) 1.66x / 1.36x / 2.46x, LeNet MNIST 1.34x / 1.34x /
-# 2.71x, while the stride-1 layers on 32x32 / 28x28 / 14x14 inputs still
-# prefer im2col at batch 10 / 50: leakage CNN CIFAR-10 0.97x / 0.89x (1.59x
-# at 200), LeNet5 CIFAR-10 1.05x / 0.68x / 0.94x.
+# both; best of 7, interleaved), batch 10 / 50 / 200: LeNet CIFAR-10
+# (strides 2, 2, 1, 1; 8x8 stride-1 maps) 1.66x / 1.36x / 2.46x, LeNet MNIST
+# 1.34x / 1.34x / 2.71x, while the stride-1 layers on 32x32 / 28x28 / 14x14
+# inputs still prefer im2col at batch 10 / 50: leakage CNN CIFAR-10 0.97x /
+# 0.89x (1.59x at 200), LeNet5 CIFAR-10 1.05x / 0.68x / 0.94x.
 PATCHES_MIN_AREA_AVX512 = 196
 
 # 'jacobian' on CPU runs a stride-1 layer as its dense matrix when the input

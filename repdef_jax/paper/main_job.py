@@ -516,17 +516,17 @@ def run(config: Any, workdir: str, verbose: bool = True) -> dict:
     if idx not in done:
       recs = None
       start = time.perf_counter()
+      entry = {"index": idx, "label": int(labels[idx]), **extra.get(idx, {})}
       try:
         und, dfd, *recs = attack_image(
             model, params, config["attack"], defense, x, y,
             jax.random.fold_in(keys.attack, idx),
             jax.random.fold_in(keys.defense, idx), config["iterations"],
             every, config["dlg_optimizer"])
-        entry = {"index": idx, "label": int(labels[idx]), **extra.get(idx, {}),
-                 "undefended": und, "defended": dfd, "host": host.describe()}
+        entry.update(undefended=und, defended=dfd)
       except (ValueError, FloatingPointError) as e:
-        entry = {"index": idx, "label": int(labels[idx]), **extra.get(idx, {}),
-                 "error": f"{type(e).__name__}: {e}", "host": host.describe()}
+        entry["error"] = f"{type(e).__name__}: {e}"
+      entry["host"] = host.describe()
       results["images"].append(harness.jsonable(entry))
       done[idx] = results["images"][-1]
       storage.write_json(path, results)  # results.json first: the record.
