@@ -1,4 +1,4 @@
-"""Entry point: see :mod:`repdef_jax.paper.adaptive` and experiments/configs/adaptive.py.
+"""Entry point of :mod:`repdef_jax.paper.adaptive` (configs/adaptive.py).
 
   python -m experiments.adaptive --config=experiments/configs/adaptive.py:medium \
       --workdir=/tmp/adaptive --data_dir=$TFDS_DATA_DIR

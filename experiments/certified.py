@@ -1,4 +1,4 @@
-"""Entry point: see :mod:`repdef_jax.paper.theorem1` and experiments/configs/certified.py.
+"""Entry point of :mod:`repdef_jax.paper.theorem1` (configs/certified.py).
 
   python -m experiments.certified --config=experiments/configs/certified.py:medium \
       --workdir=/tmp/certified --data_dir=$TFDS_DATA_DIR

@@ -1,4 +1,4 @@
-"""Entry point: see :mod:`repdef_jax.paper.visual` and experiments/configs/visual.py.
+"""Entry point of :mod:`repdef_jax.paper.visual` (configs/visual.py).
 
   python -m experiments.visual --config=experiments/configs/visual.py:medium \
       --workdir=/tmp/visual --data_dir=$TFDS_DATA_DIR

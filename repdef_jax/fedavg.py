@@ -450,9 +450,8 @@ def client_update(model: models_lib.Model, config: FedAvgConfig,
   denom = jnp.maximum(taken, 1).astype(jnp.float32)
   info = {f"defense/{k}": v / denom for k, v in info_sum.items()}
   if config.defense_at == "update":
-    delta, dinfo = defense.apply(
-        delta, defenses_base.ClientBatch(params, x, y, mask.astype(jnp.float32)),
-        noise_key)
+    batch = defenses_base.ClientBatch(params, x, y, mask.astype(jnp.float32))
+    delta, dinfo = defense.apply(delta, batch, noise_key)
     info = {f"defense/{k}": v for k, v in dinfo.items()}
     has_data = jnp.sum(mask) > 0
     delta = jax.tree_util.tree_map(lambda d: jnp.where(has_data, d, 0), delta)
@@ -665,8 +664,9 @@ def run_rounds(round_fn: Callable[..., Any], state: ServerState, data: Any,
   for _ in range(num_rounds):
     state, metrics = round_fn(state, data, keys, **kwargs)
     history.append(jax.device_get(metrics))
-  stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *history) if history else {}
-  return state, stacked
+  if not history:
+    return state, {}
+  return state, jax.tree_util.tree_map(lambda *a: np.stack(a), *history)
 
 
 def loop_round(model: models_lib.Model, config: FedAvgConfig,

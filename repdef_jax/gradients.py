@@ -151,7 +151,7 @@ def local_update_direction(model: models_lib.Model, params: Params,
 
 def example_loss(model: models_lib.Model, params: Params, x: jax.Array,
                  y: jax.Array) -> jax.Array:
-  """Loss of one example ``x [H, W, C]`` with label ``y`` (``[]`` or ``[K]``)."""
+  """Loss of one example ``x [H, W, C]``, label ``y`` (``[]`` or ``[K]``)."""
   return cross_entropy(model.apply(params, x[None]), y[None])[0]
 
 

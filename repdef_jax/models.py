@@ -19,8 +19,9 @@ examples or clients is exact.
 Models (paper appendix B and the reference code):
 
 * ``lenet``: DLG's LeNet, 4 x [conv 5x5, 12 channels, padding 2, strides
-  2, 2, 1, 1, sigmoid] -> linear. 19,438 parameters on 32x32x3. ``init='uniform'``
-  draws every weight and bias from U(-0.5, 0.5) as DLG does.
+  2, 2, 1, 1, sigmoid] -> linear. 19,438 parameters on 32x32x3.
+  ``init='uniform'`` draws every weight and bias from U(-0.5, 0.5) as DLG
+  does.
 * ``convnet64``: Inverting Gradients' ConvNet of width 64 (conv 3x3 blocks with
   64, 128, 128, 256, 256, 256 channels, max-pool 3, two 256 blocks, max-pool 3,
   linear from 2,304 features). Departure: batch norm is left out; the GS attack

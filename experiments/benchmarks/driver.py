@@ -461,6 +461,10 @@ def render_markdown(report: dict[str, Any],
   peak = m.get("peak", {})
   t = report.get("torch", {})
   quick = report.get("settings", {}).get("quick")
+  modified = (" (with modified tracked files)"
+              if m.get("tracked_files_modified") else "")
+  threads = (f", {t['threads']} threads (torch.set_num_threads)"
+             if t.get("threads") else "")
   lines = [
       "# Benchmarks",
       "",
@@ -468,15 +472,15 @@ def render_markdown(report: dict[str, Any],
       f"{_parts_flag(report)}{_threads_flag(report)}`"
       f" on {m.get('date_utc', '?')} at commit "
       f"{m.get('git_commit') or '?'}"
-      f"{' (with modified tracked files)' if m.get('tracked_files_modified') else ''}"
+      f"{modified}"
       "; do not edit by hand.",
       "",
       *_measured_lines(report),
       f"Machine: {m.get('cpu', '?')} (family {m.get('cpu_family', '?')}), "
       f"{m.get('cores', '?')} cores, backend {m.get('backend', '?')}; JAX "
       f"{m.get('jax', '?')}; torch {t.get('version') or 'not installed'}"
-      f"{', ' + str(t.get('threads')) + ' threads (torch.set_num_threads)' if t.get('threads') else ''}"
-      f". Load average (1, 5, 15 min) before {_loads(m.get('load_average_before'))}"
+      f"{threads}. Load average (1, 5, 15 min) before "
+      f"{_loads(m.get('load_average_before'))}"
       f", after {_loads(m.get('load_average'))} (column 'load': 1-min load "
       f"when the row finished; above {m.get('cores', 'the core count')} "
       "other jobs shared the cores): ratios (measured back to back) mean "

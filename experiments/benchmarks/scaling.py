@@ -1,4 +1,4 @@
-"""What a FedAvg round costs on one device, many devices, many processes, Flower.
+"""A FedAvg round's cost on one device, many devices, many processes, Flower.
 
   python -m experiments.benchmarks.scaling [--rounds=20] [--out=FILE.json]
 

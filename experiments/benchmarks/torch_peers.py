@@ -1,4 +1,4 @@
-"""PyTorch peers: what a researcher would run instead (from the ``[torch]`` extra).
+"""PyTorch peers: what a researcher would run instead (the ``[torch]`` extra).
 
 Every peer runs the same model with the same parameters (copied from the
 flax tree) on the same shapes, with ``torch.set_num_threads(threads)``
@@ -16,8 +16,8 @@ CUDA when JAX's backend is a GPU). They are the plain PyTorch ways:
 * Soteria mask, vectorized (:func:`soteria_mask_vectorized`): the same
   scores from one forward pass and ``torch.func.vmap`` of the
   ``torch.func.vjp`` pullback over one-hot cotangents, a chunk of features
-  at a time (:func:`vmap_chunk`): what a PyTorch user who vectorizes the reference
-  computation gets (same FLOPs, fewer launches).
+  at a time (:func:`vmap_chunk`): what a PyTorch user who vectorizes the
+  reference computation gets (same FLOPs, fewer launches).
 * Defended round: the FedAvg loop with that mask at every local step
   (``mask_impl``: the reference loop, or the vectorized mask), zeroing the
   pruned columns of the last layer's weight gradient.

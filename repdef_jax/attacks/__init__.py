@@ -1,4 +1,4 @@
-"""Gradient-inversion attacks: DLG, iDLG, Inverting Gradients, adaptive variants.
+"""Gradient-inversion attacks: DLG, iDLG, Inverting Gradients, adaptive ones.
 
 Every attack has one signature::
 
@@ -10,8 +10,9 @@ and returns an :class:`AttackResult` ``(x_rec, labels_rec, loss_history,
 final_loss, diverged, iterations)``. :func:`run_batch` runs K independent
 attacks (K gradients, K keys, one model) in one jitted program and returns
 the same fields with a leading axis K. ``progress_every`` in a config turns
-on progress reports from inside the jitted loop (:mod:`.progress`). The attacker uses only what the server
-sees: the model, the parameters and the shared (possibly defended) gradient.
+on progress reports from inside the jitted loop (:mod:`.progress`). The
+attacker uses only what the server sees: the model, the parameters and the
+shared (possibly defended) gradient.
 Inputs are checked on the host first (gradient tree matching the parameters,
 finite gradient, image shape fitting the model: clear ``ValueError``).
 

@@ -1,4 +1,4 @@
-"""What every gradient-inversion attack shares: its result, input checks, labels.
+"""What every gradient-inversion attack shares: result, input checks, labels.
 
 An attack is a function
 

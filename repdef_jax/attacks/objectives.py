@@ -14,9 +14,9 @@ the parameters:
   image prior of Inverting Gradients).
 
 A :class:`GradientView` says which parts of the gradient the attacker matches.
-It implements the two adaptive attacks later work used against Soteria (Sun et
-al., CVPR 2021), which perturbs only the defended layer (``model.defended_path``,
-the classifier head):
+It implements the two adaptive attacks later work used against Soteria (Sun
+et al., CVPR 2021), which perturbs only the defended layer
+(``model.defended_path``, the classifier head):
 
 * ``drop_defended``: exclude the defended layer (its kernel, and by default its
   bias) from the objective and match every other layer (Balunovic et al.,

@@ -115,7 +115,8 @@ def pearson(a: jax.Array, b: jax.Array) -> jax.Array:
   a, b = centred(a), centred(b)
   den = jnp.sqrt(jnp.sum(a * a) * jnp.sum(b * b))
   # NaN inputs stay NaN (den == 0 is False for NaN).
-  return jnp.where(den == 0, 0.0, jnp.sum(a * b) / jnp.where(den == 0, 1.0, den))
+  return jnp.where(den == 0, 0.0,
+                   jnp.sum(a * b) / jnp.where(den == 0, 1.0, den))
 
 
 def fc_inputs(model: models_lib.Model, params: Params,

@@ -111,6 +111,6 @@ def zeros_info_like(defense: Defense, grads: Params,
 
   Useful as the initial carry of a ``lax.scan`` that accumulates info.
   """
-  shapes = jax.eval_shape(lambda g, b: defense.apply(g, b, jax.random.key(0))[1],
-                          grads, batch)
+  shapes = jax.eval_shape(
+      lambda g, b: defense.apply(g, b, jax.random.key(0))[1], grads, batch)
   return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

@@ -51,7 +51,8 @@ Params = Any
 
 def jacobian_spectral_norms(features_fn: Callable[[jax.Array], jax.Array],
                             x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Per-example ``r [B, F]`` and ``||dr/dX||_2`` ``[B]`` (largest sing. value)."""
+  """Per-example ``r [B, F]`` and ``||dr/dX||_2`` ``[B]`` (top singular
+  value)."""
   r, jac = soteria_lib.features_and_jacobian(features_fn, x)
   sigma = jax.vmap(lambda j: jnp.linalg.svd(j, compute_uv=False)[0])(jac)
   return r, sigma

@@ -376,9 +376,10 @@ def mask_from_scores(scores: jax.Array,
       ``np.percentile(scores, percent)`` (linear interpolation), ties kept,
       as the reference code (which compares ``abs(scores)`` with that
       threshold: the same mask for its scores, which are >= 0, and not
-      applied here, where 'exact' scores are <= 0 by design); 'count': prune exactly
-      ``round(percent / 100 * F)`` features (round half to even), smallest
-      score first, ties broken by lower feature index first.
+      applied here, where 'exact' scores are <= 0 by design); 'count':
+      prune exactly ``round(percent / 100 * F)`` features (round half to
+      even), smallest score first, ties broken by lower feature index
+      first.
     inactive: optional boolean ``[F]``; with 'count', these features are
       ranked after every other one (they are 0 on every image already, so
       pruning them is a no-op). Ignored by 'percentile'.
@@ -476,10 +477,11 @@ def defended_layer(tree: Any, model_or_path: Any) -> Any:
       sub = sub[key]
     kernel = sub["kernel"]
   except (KeyError, TypeError, IndexError):
+    top = list(getattr(tree, "keys", lambda: [])())
     raise ValueError(
         "The model has no defended linear layer: expected a Dense layer with "
         f"a 'kernel' [F, K] at path {path} in the parameter/gradient tree "
-        f"(top-level keys: {list(getattr(tree, 'keys', lambda: [])())}).") from None
+        f"(top-level keys: {top}).") from None
   if jnp.ndim(kernel) != 2:
     raise ValueError(f"The defended layer at {path} must be a Dense layer "
                      f"with a 2-D kernel [F, K]; got shape "

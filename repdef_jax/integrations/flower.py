@@ -1,4 +1,4 @@
-"""Soteria and the other defenses inside Flower deployments, and an auditing server.
+"""Soteria and the other defenses inside Flower deployments; an auditing server.
 
 For Flower's Message API (``flwr.clientapp.ClientApp``,
 ``flwr.serverapp.ServerApp``, ``ArrayRecord``; tested with flwr 1.42):
@@ -153,8 +153,9 @@ def from_arrays(record: ArrayRecord, template: Params) -> Params:
 
 def _only(records: dict, kind: str, message: Message):
   if len(records) != 1:
-    raise ValueError(f"expected one {kind} in the {message.metadata.message_type}"
-                     f" message, got {len(records)}.")
+    raise ValueError(f"expected one {kind} in the "
+                     f"{message.metadata.message_type} message, got "
+                     f"{len(records)}.")
   return next(iter(records.items()))
 
 

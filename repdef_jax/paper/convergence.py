@@ -180,9 +180,10 @@ def table(summaries: list[dict[str, Any]]) -> dict[str, Any]:
   return {"title": "Global objective F(w) over seeds, mean [95 % interval]",
           "header": ["setting", "seeds", "F(w_0)", "F(w_T)",
                      "F(w_0) - F(w_T)", "final test accuracy"],
-          "rows": [[s["name"], len(s["seeds"]), batched.interval(s["initial_loss"]),
-                    batched.interval(s["final_loss"]), batched.interval(s["loss_drop"]),
-                    batched.interval(s["final_accuracy"])] for s in summaries]}
+          "rows": [[s["name"], len(s["seeds"])]
+                   + [batched.interval(s[k]) for k in
+                      ("initial_loss", "final_loss", "loss_drop",
+                       "final_accuracy")] for s in summaries]}
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

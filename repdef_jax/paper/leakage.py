@@ -537,8 +537,9 @@ def tables(inference: dict[str, Any],
   for setting, r in reconstruction.items():
     for source in SOURCES:
       m = r[source]
-      rows.append([setting, source, batched.interval(m["mse"]), batched.interval(m["ssim"]),
-                   batched.interval(m["psnr"]), r["images"]])
+      rows.append([setting, source]
+                  + [batched.interval(m[k]) for k in ("mse", "ssim", "psnr")]
+                  + [r["images"]])
   if rows:
     out.append({"title": "Reconstruction on the leakage model, mean [95 %] "
                          "over images x seeds, [0,1] pixels",

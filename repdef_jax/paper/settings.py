@@ -40,7 +40,8 @@ def federated_setting(name: str = "paper", **overrides: Any
       :func:`repdef_jax.training.default_config`).
 
   Returns:
-    A ConfigDict holding a subset of :func:`repdef_jax.training.default_config`'s keys.
+    A ConfigDict holding a subset of the keys of
+    :func:`repdef_jax.training.default_config`.
 
   Raises:
     ValueError: unknown ``name`` or an override that is not a setting.

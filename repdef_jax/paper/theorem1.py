@@ -217,9 +217,11 @@ def tables(panels: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
       header += [f"{a} ||X - X'||", f"{a} SSIM", f"{a} diverged"]
     rows = []
     for r in p["rates"]:
-      row = [r["rate"], r["pruned_fraction"], batched.interval(r["certified_bound"])]
+      row = [r["rate"], r["pruned_fraction"],
+             batched.interval(r["certified_bound"])]
       for a in p["attacks"]:
-        row += [batched.interval(r[a]["distance"]), batched.interval(r[a]["ssim"]), r[a]["diverged"]]
+        row += [batched.interval(r[a]["distance"]),
+                batched.interval(r[a]["ssim"]), r[a]["diverged"]]
       rows.append(row)
     out.append({"title": f"{name} ({p['model']}/{p['dataset']}): bound vs "
                          "attack distance, mean [95 % interval] over images "
