@@ -683,6 +683,15 @@ CASES = [
          check=lambda p: _one_line_error(
              p, r"tradeoff: error: num_images must be >= 1, an integer; "
              r"got 0\.")),
+    Case("CLI experiments.tradeoff dry run with panels_only=lenet",
+         lambda e: _cli("experiments.tradeoff",
+                        "--config=experiments/configs/tradeoff.py:medium",
+                        "--config.dry_run=True", "--config.panels_only=lenet",
+                        f"--workdir={e['tmp']}"), error=None,
+         check=lambda p: _one_line_error(
+             p, r"tradeoff: error: panels_only must name panels of the "
+             r"config \(leakage_mnist, lenet_mnist\), separated by commas; "
+             r"got 'lenet'\.")),
     Case("CLI repdef_jax.data_cli prepare svhn",
          lambda e: _cli("repdef_jax.data_cli", "prepare", "svhn"), error=None,
          check=lambda p: _cli_error(p, r"invalid choice: 'svhn' \(choose "

@@ -218,6 +218,30 @@ def test_full_preset_dry_run_prints_the_plan(tmp_path, capsys):
   assert f"planned cells: {out['cells']}" in printed
 
 
+def test_panels_only_runs_a_subset_that_shares_the_whole_runs_cells():
+  """``panels_only`` narrows the plan to the named panels; no cell's
+  settings depend on it, so a one-panel run reuses the whole run's cells."""
+  whole = tradeoff_cfg.get_config("medium")
+  assert sweep.select_panels(whole) is whole  # '' keeps every panel.
+  config = tradeoff_cfg.get_config("medium")
+  config.panels_only = "leakage_mnist"
+  narrowed = sweep.select_panels(config)
+  assert list(narrowed.panels) == ["leakage_mnist"]
+  assert list(config.panels) == ["leakage_mnist", "lenet_mnist"]  # A copy.
+  cells = sweep.plan(narrowed)
+  assert cells == [c for c in sweep.plan(whole)
+                   if c["panel"] == "leakage_mnist"]
+  one_of_each = {c["kind"]: c for c in reversed(cells)}
+  assert set(one_of_each) == {"train", "attack", "update"}
+  for cell in one_of_each.values():
+    assert (tradeoff.cell_settings(narrowed, cell)
+            == tradeoff.cell_settings(whole, cell))
+  config.panels_only = "leakage_mnist, lenet"
+  with pytest.raises(ValueError, match=r"panels_only must name panels of "
+                     r"the config \(leakage_mnist, lenet_mnist\).*'lenet'"):
+    sweep.select_panels(config)
+
+
 def test_panel_config_overrides_the_shared_training():
   """A panel's own training settings win over the shared ``train`` block;
   what it does not set comes from the shared block."""

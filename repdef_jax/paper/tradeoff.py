@@ -54,7 +54,7 @@ PRIVACY_METRICS = ("mse_clamped", "mse", "ssim", "psnr")
 ANALYSIS_KEYS = ("seeds", "defenses", "update_attack.cells",
                  "update_attack.stages", "threshold", "thresholds",
                  "success_ssim", "dry_run", "cost_reference",
-                 "unit_costs_reference", "train.data_dir")
+                 "unit_costs_reference", "train.data_dir", "panels_only")
 # What only the attacks read (a training cell leaves them out, and its
 # panel's attack suite), and what only training reads (a round-0 attack cell
 # leaves it out, and its panel's training overrides).
@@ -607,8 +607,10 @@ def tables(panels: dict[str, Any], success_ssim: float
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) every cell; writes ``tradeoff.json`` and the plot.
 
-  With ``config.dry_run`` it only prints the plan and its estimated cost.
+  With ``config.dry_run`` it only prints the plan and its estimated cost;
+  with ``config.panels_only`` it runs and analyses those panels alone.
   """
+  config = sweep.select_panels(config)
   harness.check_part_config(config)
   if config.get("dry_run"):
     return dry_run(config, workdir)
