@@ -227,7 +227,9 @@ def test_panels_only_runs_a_subset_that_shares_the_whole_runs_cells():
   config.panels_only = "leakage_mnist"
   narrowed = sweep.select_panels(config)
   assert list(narrowed.panels) == ["leakage_mnist"]
-  assert list(config.panels) == ["leakage_mnist", "lenet_mnist"]  # A copy.
+  # A copy: the config keeps its panels, and shares none with the copy.
+  assert list(config.panels) == ["leakage_mnist", "lenet_mnist"]
+  assert narrowed.panels.leakage_mnist is not config.panels.leakage_mnist
   cells = sweep.plan(narrowed)
   assert cells == [c for c in sweep.plan(whole)
                    if c["panel"] == "leakage_mnist"]

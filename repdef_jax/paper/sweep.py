@@ -174,8 +174,8 @@ def select_panels(config: ml_collections.ConfigDict
                      f"got {', '.join(repr(n) for n in unknown)}.")
   narrowed = config.copy_and_resolve_references()
   with narrowed.unlocked():
-    narrowed.panels = ml_collections.ConfigDict(
-        {n: p for n, p in config.panels.items() if n in names})
+    for name in [n for n in narrowed.panels if n not in names]:
+      del narrowed.panels[name]
   return narrowed
 
 
