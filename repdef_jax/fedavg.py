@@ -150,8 +150,9 @@ class FedAvgConfig:
     defense_at: 'step' (every local gradient; the paper) or 'update'.
     weighting: 'size' (delta weights proportional to n_k; clients sampled
       uniformly by default) or 'uniform' (1/K; clients sampled by p_k =
-      n_k / n by default, the paper's unbiased scheme). Clients without data
-      always get weight 0. See :func:`default_probs`.
+      n_k / n by default, the paper's scheme, unbiased when sampling with
+      replacement). Clients without data always get weight 0. See
+      :func:`default_probs`.
     replace: sample clients with replacement (the paper) or without.
     server_optimizer: optax transformation applied to minus the averaged
       delta; None means ``optax.sgd(1.0)`` (plain FedAvg).
@@ -246,12 +247,15 @@ def client_sizes(data: ClientArrays) -> jax.Array:
 
 
 def default_probs(data: ClientArrays, weighting: str = "uniform") -> jax.Array:
-  """Sampling probabilities that make ``weighting`` an unbiased average.
+  """Sampling probabilities that suit ``weighting``.
 
   'uniform' (weights 1/K): the paper's p_k = n_k / n (Li et al. 2020,
-  scheme I). 'size' (weights n_k / sum of the sampled n_k): every client
-  with data equally likely, as McMahan et al. 2017 sample; with p_k = n_k / n
-  a client would count in proportion to n_k^2.
+  scheme I), an unbiased average of the clients' updates when clients are
+  drawn with replacement (``replace=True``, the default); drawn without
+  replacement, small clients count more than n_k / n (unequal sizes only).
+  'size' (weights n_k / sum of the sampled n_k, a ratio estimate): every
+  client with data equally likely, as McMahan et al. 2017 sample; with p_k =
+  n_k / n a client would count in proportion to n_k^2.
   """
   n = client_sizes(data).astype(jnp.float32)
   if weighting == "size":
@@ -289,6 +293,7 @@ def evaluate(model: models_lib.Model, params: Params,
 
   def one(batch):
     x, y, m = batch
+    x, y = gradients.drop_padding(x, y, m)
     logits = model.apply(params, x)
     correct = jnp.sum((jnp.argmax(logits, -1) == y) * m)
     loss = jnp.sum(gradients.cross_entropy(logits, y) * m)
@@ -323,6 +328,7 @@ def global_loss(model: models_lib.Model, params: Params, data: ClientArrays,
 
   def one(c):
     x, y, m = c
+    x, y = gradients.drop_padding(x, y, m)
     losses = gradients.cross_entropy(model.apply(params, x), y)
     return jnp.sum(losses * m)
 
@@ -584,6 +590,11 @@ def make_round(model: models_lib.Model,
       rep = NamedSharding(mesh, P())
       deltas = jax.lax.with_sharding_constraint(deltas, rep)
       infos = jax.lax.with_sharding_constraint(infos, rep)
+    if kp > kk:  # Padding slots trained client 0: zero them (0 * nan = nan).
+      keep = lambda t: jnp.where(
+          valid.reshape(valid.shape + (1,) * (t.ndim - 1)), t, 0)
+      deltas = jax.tree_util.tree_map(keep, deltas)
+      infos = jax.tree_util.tree_map(keep, infos)
     w = _aggregation_weights(config, sizes_all[ids_p], valid)
     avg = jax.tree_util.tree_map(lambda d: jnp.tensordot(w, d, axes=1), deltas)
     updates, opt_state = config.server_opt.update(

@@ -74,7 +74,8 @@ def _check(mu, smoothness, local_steps):
   if not mu > 0:
     raise ValueError(f"mu must be > 0 (strong convexity), got {mu}.")
   if not smoothness >= mu:
-    raise ValueError(f"L must be >= mu, got L={smoothness}, mu={mu}.")
+    raise ValueError(f"smoothness (L) must be >= mu, got smoothness="
+                     f"{smoothness}, mu={mu}.")
   if int(local_steps) < 1:
     raise ValueError(f"local_steps must be >= 1, got {local_steps}.")
 

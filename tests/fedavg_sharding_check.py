@@ -51,6 +51,27 @@ def main():
         "ids_equal": bool(np.array_equal(ids1, ids8)),
         "loss": abs(l1 - l8),
     }
+  # Client 0, never sampled, holds NaN images: the weight-0 slots that pad
+  # K to the mesh (client id 0) must not reach the average (0 * nan = nan).
+  nan_data = data._replace(x=data.x.at[0].set(jnp.nan))
+  config = fedavg.FedAvgConfig(clients_per_round=3, local_steps=2,
+                               batch_size=4, client_lr=0.1)
+  state0 = fedavg.init(model, config, keys.init)
+  results = []
+  for mesh in (None, fedavg.make_mesh(8)):
+    round_fn = fedavg.make_round(model, config, mesh=mesh)
+    state, metrics = round_fn(state0, nan_data, keys,
+                              client_ids=jnp.array([1, 2, 3]))
+    results.append((jax.device_get(state.params), float(metrics["train_loss"])))
+  (p1, l1), (p8, l8) = results
+  leaves8 = jax.tree_util.tree_leaves(p8)
+  out["nan_unsampled_client"] = {
+      "params": max(float(np.max(np.abs(a - b))) for a, b in zip(
+          jax.tree_util.tree_leaves(p1), leaves8)),
+      "ids_equal": True,
+      "loss": abs(l1 - l8),
+      "finite": bool(all(np.isfinite(a).all() for a in leaves8)),
+  }
   print(json.dumps(out))
 
 

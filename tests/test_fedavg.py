@@ -343,7 +343,7 @@ def test_theorem2_schedule_matches_formula():
   assert float(schedules.constant(0.3)(7)) == pytest.approx(0.3)
   with pytest.raises(ValueError, match="mu"):
     schedules.theorem2(0.0, 1.0, 1)
-  with pytest.raises(ValueError, match="L must be"):
+  with pytest.raises(ValueError, match="smoothness \\(L\\) must be"):
     schedules.theorem2(1.0, 0.5, 1)
   with pytest.raises(ValueError):
     schedules.constant(0.0)
@@ -513,7 +513,7 @@ def test_evaluate_and_global_loss_count_real_examples_only(logreg):
   """Test accuracy and loss average over the real test examples, not the
   batch padding; the federated objective is the mean loss over every real
   example of every client (not per client, not over padded slots) plus
-  l2 / 2 ||w||^2."""
+  l2 / 2 ||w||^2; padding with NaN pixels and label -1 changes neither."""
   data = _data()
   params = jax.tree_util.tree_map(lambda p: p + 0.3,
                                   logreg.init(jax.random.key(15)))
@@ -533,3 +533,19 @@ def test_evaluate_and_global_loss_count_real_examples_only(logreg):
   want = losses.sum() / 46 + 0.5 * 0.2 * sq  # 12 + 7 + 12 + 3 + 0 + 12.
   assert float(fedavg.global_loss(logreg, params, data, 0.2, chunk=4)) == (
       pytest.approx(want, rel=1e-5))
+  # Padding that holds NaN pixels and label -1 changes neither number.
+  pad = np.asarray(data.mask) == 0
+  hostile = data._replace(
+      x=jnp.where(pad[..., None, None, None], jnp.nan, data.x),
+      y=jnp.where(pad, -1, data.y))
+  assert float(fedavg.global_loss(logreg, params, hostile, 0.2, chunk=4)) == (
+      pytest.approx(want, rel=1e-5))
+  test = fedavg.make_eval_data(x, y, 3)
+  tpad = np.asarray(test.mask) == 0
+  test = test._replace(
+      x=jnp.where(tpad[..., None, None, None], jnp.nan, test.x),
+      y=jnp.where(tpad, -1, test.y))
+  got = fedavg.evaluate(logreg, params, test)
+  assert float(got["test_accuracy"]) == pytest.approx(4 / 7, rel=1e-6)
+  assert float(got["test_loss"]) == pytest.approx(
+      _np_cross_entropy(logits, y).mean(), rel=1e-5)

@@ -1,4 +1,5 @@
-"""Clients sharded over 8 forced CPU devices give the one-device result.
+"""Clients sharded over 8 forced CPU devices give the one-device result,
+also when an unsampled client holds NaN (the padding slots train client 0).
 
 XLA_FLAGS must be set before JAX initialises, so the check runs in a fresh
 process (tests/fedavg_sharding_check.py).
@@ -22,3 +23,5 @@ def test_sharded_round_equals_one_device(child_env):
     assert r["ids_equal"], (k, r)
     assert r["params"] <= 1e-6, (k, r)
     assert r["loss"] <= 1e-6, (k, r)
+    assert r.get("finite", True), (k, r)
+  assert "nan_unsampled_client" in result
