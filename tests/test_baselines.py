@@ -124,10 +124,14 @@ def test_dp_sgd_clipping_padding_and_noise_after_sum():
   clip, sigma = 1e-3, 2.0
   mask = jnp.array([1, 1, 1, 0])
   batch = base.ClientBatch(params, x, y, mask)
-  d = B.dp_sgd(model, clip, 0.0)
+  d = B.dp_sgd(model, clip, 0.0, normalizer="count")
   out, info = d(None, batch, jax.random.key(0))
   want, norms = _clipped_mean(model, params, x[:3], y[:3], clip)
   _assert_trees_close(want, out, atol=1e-9)
+  # The default divides the same sum by the batch's fixed size, 4.
+  out_b, _ = B.dp_sgd(model, clip, 0.0)(None, batch, jax.random.key(0))
+  _assert_trees_close(jax.tree_util.tree_map(lambda w: w * 3 / 4, want),
+                      out_b, atol=1e-9)
   assert float(info["clipped_fraction"]) == 1.0
   # mean_grad_norm: mean over the 3 real examples of the per-example global
   # L2 norm BEFORE clipping (clip_by_global_norm returns the pre-clip norm;
@@ -135,12 +139,16 @@ def test_dp_sgd_clipping_padding_and_noise_after_sum():
   assert norms.min() > 10 * clip  # pre- and post-clip values differ a lot
   np.testing.assert_allclose(float(info["mean_grad_norm"]), norms.mean(),
                              rtol=1e-5)
-  # noise std on the mean is sigma * clip / n_real (divide AFTER the noise).
-  noisy, _ = B.dp_sgd(model, clip, sigma)(None, batch, jax.random.key(3))
-  resid = np.concatenate([
-      (np.asarray(a) - np.asarray(b)).ravel() for a, b in zip(
-          jax.tree_util.tree_leaves(noisy), jax.tree_util.tree_leaves(out))])
-  np.testing.assert_allclose(np.std(resid), sigma * clip / 3, rtol=0.1)
+  # noise std on the mean is sigma * clip / the normaliser (divide AFTER the
+  # noise): / n_real = 3 with 'count', / B = 4 by default.
+  for normalizer, base_out, n in (("count", out, 3), ("batch", out_b, 4)):
+    noisy, _ = B.dp_sgd(model, clip, sigma, normalizer)(None, batch,
+                                                        jax.random.key(3))
+    resid = np.concatenate([
+        (np.asarray(a) - np.asarray(b)).ravel() for a, b in zip(
+            jax.tree_util.tree_leaves(noisy),
+            jax.tree_util.tree_leaves(base_out))])
+    np.testing.assert_allclose(np.std(resid), sigma * clip / n, rtol=0.1)
 
 
 def test_dp_sgd_padding_with_nan_and_bad_mask():
@@ -166,6 +174,8 @@ def test_dp_sgd_validation_and_epsilon():
     B.dp_sgd(model, 0.0, 1.0)
   with pytest.raises(ValueError, match="noise_multiplier"):
     B.dp_sgd(model, 1.0, -1.0)
+  with pytest.raises(ValueError, match="normalizer must be one of"):
+    B.dp_sgd(model, 1.0, 1.0, normalizer="mean")
   e1 = B.dp_sgd_epsilon(1.1, 0.01, 1000, 1e-5)
   e2 = B.dp_sgd_epsilon(2.0, 0.01, 1000, 1e-5)
   assert 0 < e2 < e1 < 10
@@ -310,7 +320,8 @@ def test_dp_sgd_info_and_clipping_count_only_real_examples():
   want, norms = _clipped_mean(model, params, x[:3], y[:3], clip)
   assert 0 < np.sum(norms > clip) < 3, norms  # some clipped, some not
   batch = base.ClientBatch(params, x, y, jnp.array([1, 1, 1, 0]))
-  out, info = B.dp_sgd(model, clip, 0.0)(None, batch, jax.random.key(0))
+  out, info = B.dp_sgd(model, clip, 0.0, "count")(None, batch,
+                                                   jax.random.key(0))
   _assert_trees_close(want, out, atol=1e-7)
   np.testing.assert_allclose(float(info["clipped_fraction"]),
                              np.mean(norms > clip), rtol=1e-6)

@@ -72,6 +72,13 @@ def test_power_iteration_matches_svd():
   _, sigma = C.jacobian_spectral_norms(fn, x)
   est = C.spectral_norm_power(fn, x[0], jax.random.key(2), iters=200)
   np.testing.assert_allclose(est, sigma[0], rtol=1e-3)
+  # Rows of the Jacobian 3 at a time (memory): the same norm and bound.
+  _, chunked = C.jacobian_spectral_norms(fn, x, chunk=3)
+  np.testing.assert_allclose(chunked, sigma, rtol=1e-6)
+  keep = jnp.arange(10) % 2
+  np.testing.assert_allclose(
+      C.certified_bound(model, params, x, keep, chunk=3),
+      C.certified_bound(model, params, x, keep), rtol=1e-6)
 
 
 def test_theorem_attacker_on_defended_logreg_meets_the_bound():

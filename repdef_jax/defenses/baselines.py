@@ -19,15 +19,21 @@ References:
   (recomputed from the client batch with
   :func:`repdef_jax.gradients.per_example_grads`), each clipped to global L2
   norm ``clip_norm``, summed, plus ``N(0, (noise_multiplier * clip_norm)^2)``
-  per entry, and only then divided by the number of real examples (dividing
-  before adding noise calibrated to the sum would shrink the noise, a pitfall
-  listed by jax_privacy). Padded examples (``batch.mask == 0``) are dropped.
-  It *replaces* the incoming gradient (it must see per-example gradients), so
-  in a :func:`~repdef_jax.defenses.base.chain` put it first. Departure from
-  Abadi et al.: the normaliser is the actual number of real examples in the
-  batch, not the expected batch size; with a fixed batch size these coincide.
+  per entry, and only then divided by the batch size (dividing before adding
+  noise calibrated to the sum would shrink the noise, a pitfall listed by
+  jax_privacy). Padded examples (``batch.mask == 0``) are dropped from the
+  sum. The default normaliser is the batch's fixed size B (padded rows
+  included), as Abadi et al. divide by the lot size: it does not depend on
+  the data. ``normalizer='count'`` divides by the number of real examples
+  instead (a mean over them; the same when no row is padded): that number
+  is data-dependent, so the accountant's epsilon does not cover it. It
+  *replaces* the incoming gradient (it must see per-example gradients), so
+  in a :func:`~repdef_jax.defenses.base.chain` put it first.
   :func:`dp_sgd_epsilon` computes (epsilon, delta) on the host with
-  ``dp_accounting`` (RDP accountant, Poisson-subsampled Gaussian).
+  ``dp_accounting`` (RDP accountant, Poisson-subsampled Gaussian). Departure
+  from that accounting: FedAvg's local minibatches are shuffled batches of
+  fixed size, not Poisson samples; the epsilon is the usual approximation
+  for them (as in common DP-SGD libraries), not a proof.
 
 All defenses validate their arguments at construction time (host side) and
 are pure, jittable functions of ``(grads, batch, key)``.
@@ -40,6 +46,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from repdef_jax import gradients as gradients_lib
 from repdef_jax import models as models_lib
@@ -47,6 +54,14 @@ from repdef_jax.defenses import base
 from repdef_jax.defenses import soteria as soteria_lib
 
 Params = Any
+
+
+def _as_float(value: Any) -> float:
+  """``float(value)``, or NaN (which every range check refuses)."""
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    return math.nan
 
 
 def _check_scale(scale: Any, name: str = "scale") -> float:
@@ -141,19 +156,25 @@ def clip_by_global_norm(tree: Params, clip_norm: float) -> tuple[Params,
   return jax.tree_util.tree_map(lambda g: g * factor, tree), norm
 
 
+DP_SGD_NORMALIZERS = ("batch", "count")
+
+
 def dp_sgd(model: models_lib.Model, clip_norm: Any,
-           noise_multiplier: Any) -> base.Defense:
+           noise_multiplier: Any, normalizer: str = "batch") -> base.Defense:
   """DP-SGD's private gradient (Abadi et al. 2016) for one client batch.
 
   Ignores the incoming ``grads``; recomputes per-example gradients of the
   batch at ``batch.params``, clips each to ``clip_norm``, sums the real
   examples', adds ``N(0, (noise_multiplier * clip_norm)^2)`` per entry and
-  divides by the number of real examples (after the noise).
+  divides by the batch size (after the noise).
 
   Args:
     model: the model whose loss is differentiated.
     clip_norm: per-example global L2 clipping norm, > 0.
     noise_multiplier: noise std over ``clip_norm``, >= 0.
+    normalizer: 'batch' (the batch's size B, padded rows included:
+      data-independent, what the accountant assumes) or 'count' (the number
+      of real examples).
 
   Returns:
     A Defense named 'dp_sgd'; info: ``clipped_fraction`` (share of real
@@ -167,6 +188,9 @@ def dp_sgd(model: models_lib.Model, clip_norm: Any,
     raise ValueError(f"clip_norm must be a finite number > 0, got "
                      f"{clip_norm!r}.")
   sigma = _check_scale(noise_multiplier, "noise_multiplier")
+  if normalizer not in DP_SGD_NORMALIZERS:
+    raise ValueError(f"normalizer must be one of {DP_SGD_NORMALIZERS}, got "
+                     f"{normalizer!r}.")
 
   def apply(grads, batch: base.ClientBatch, key):
     del grads
@@ -179,12 +203,13 @@ def dp_sgd(model: models_lib.Model, clip_norm: Any,
     _, per_ex = gradients_lib.per_example_grads(model, batch.params, x, y)
     clipped, norms = jax.vmap(lambda g: clip_by_global_norm(g, clip))(per_ex)
     count = jnp.maximum(jnp.sum(weights), 1.0)
+    denom = float(b) if normalizer == "batch" else count
     keys = _keys_like(key, batch.params)
 
     def noisy_mean(g, k):
       total = jnp.tensordot(weights.astype(g.dtype), g, axes=1)
       noise = sigma * clip * jax.random.normal(k, total.shape, total.dtype)
-      return (total + noise) / count
+      return (total + noise) / denom
 
     out = jax.tree_util.tree_map(noisy_mean, clipped, keys)
     info = {
@@ -216,11 +241,13 @@ def dp_sgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int,
   import dp_accounting  # pylint: disable=g-import-not-at-top
 
   sigma = _check_scale(noise_multiplier, "noise_multiplier")
-  if not 0.0 < float(sample_rate) <= 1.0:
+  if not 0.0 < _as_float(sample_rate) <= 1.0:
     raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}.")
-  if int(steps) != steps or steps < 0:
+  if (isinstance(steps, bool) or
+      not isinstance(steps, (int, float, np.integer, np.floating)) or
+      not math.isfinite(steps) or int(steps) != steps or steps < 0):
     raise ValueError(f"steps must be an integer >= 0, got {steps!r}.")
-  if not 0.0 < float(delta) < 1.0:
+  if not 0.0 < _as_float(delta) < 1.0:
     raise ValueError(f"delta must be in (0, 1), got {delta!r}.")
   if steps == 0:
     return 0.0

@@ -27,8 +27,10 @@ Assumptions and caveats (stated, not hidden):
     linear region, piecewise-linear) feature map and an approximation
     otherwise; a curved ``f`` can violate it by a second-order term.
   * ``sigma_max(J)`` is computed exactly from the SVD of the full Jacobian
-    (cheap for our models); :func:`spectral_norm_power` offers a matrix-free
-    alternative for large ``D``.
+    (cheap for logistic regression, the leakage CNN and LeNet; for ConvNet64
+    pass ``chunk``: its ``B x 2,304`` backward passes at once would hold
+    ~170 GiB); :func:`spectral_norm_power` offers a matrix-free alternative
+    for large ``D``.
 
 For a reconstruction that an attack actually found, whatever its
 representation, the same argument gives the checkable first-order statement
@@ -50,10 +52,11 @@ Params = Any
 
 
 def jacobian_spectral_norms(features_fn: Callable[[jax.Array], jax.Array],
-                            x: jax.Array) -> tuple[jax.Array, jax.Array]:
+                            x: jax.Array, chunk: int | None = None
+                            ) -> tuple[jax.Array, jax.Array]:
   """Per-example ``r [B, F]`` and ``||dr/dX||_2`` ``[B]`` (top singular
-  value)."""
-  r, jac = soteria_lib.features_and_jacobian(features_fn, x)
+  value); ``chunk``: Jacobian rows at a time (memory; same numbers)."""
+  r, jac = soteria_lib.features_and_jacobian(features_fn, x, chunk=chunk)
   sigma = jax.vmap(lambda j: jnp.linalg.svd(j, compute_uv=False)[0])(jac)
   return r, sigma
 
@@ -80,7 +83,8 @@ def spectral_norm_power(features_fn: Callable[[jax.Array], jax.Array],
 
 
 def certified_bound_fn(features_fn: Callable[[jax.Array], jax.Array],
-                       x: jax.Array, keep_mask: jax.Array) -> jax.Array:
+                       x: jax.Array, keep_mask: jax.Array,
+                       chunk: int | None = None) -> jax.Array:
   """Theorem 1 bound for a feature map ``features_fn`` (one image -> [F]).
 
   Args:
@@ -88,18 +92,20 @@ def certified_bound_fn(features_fn: Callable[[jax.Array], jax.Array],
     x: images ``[B, ...]``.
     keep_mask: ``[F]`` (one mask for the batch) or ``[B, F]`` keep-mask;
       ``r' = r * keep_mask``.
+    chunk: Jacobian rows at a time (:func:`jacobian_spectral_norms`).
 
   Returns:
     ``||r - r'||_2 / ||J||_2`` per image, ``[B]`` (0 where ``J`` is 0).
   """
-  r, sigma = jacobian_spectral_norms(features_fn, x)
+  r, sigma = jacobian_spectral_norms(features_fn, x, chunk)
   delta = r * (1 - jnp.broadcast_to(keep_mask, r.shape).astype(r.dtype))
   num = jnp.linalg.norm(delta, axis=-1)
   return jnp.where(sigma > 0, num / jnp.where(sigma > 0, sigma, 1.0), 0.0)
 
 
 def certified_bound(model: models_lib.Model, params: Params, x: jax.Array,
-                    keep_mask: jax.Array) -> jax.Array:
+                    keep_mask: jax.Array, chunk: int | None = None
+                    ) -> jax.Array:
   """Certified lower bound on ``||X - X'||_2`` per image (Theorem 1).
 
   Args:
@@ -108,12 +114,13 @@ def certified_bound(model: models_lib.Model, params: Params, x: jax.Array,
     params: its parameters.
     x: images ``[B, H, W, C]``.
     keep_mask: the Soteria keep-mask ``[F]`` (or ``[B, F]``).
+    chunk: Jacobian rows at a time (:func:`jacobian_spectral_norms`).
 
   Returns:
     ``[B]`` bounds, first order under Assumption 1 (see module docstring).
   """
   model.check_input(x)
-  return certified_bound_fn(model.feature_fn(params), x, keep_mask)
+  return certified_bound_fn(model.feature_fn(params), x, keep_mask, chunk)
 
 
 def representation_distance(model: models_lib.Model, params: Params,
@@ -129,12 +136,12 @@ def input_distance(x: jax.Array, x_rec: jax.Array) -> jax.Array:
 
 
 def empirical_bound(model: models_lib.Model, params: Params, x: jax.Array,
-                    x_rec: jax.Array) -> jax.Array:
+                    x_rec: jax.Array, chunk: int | None = None) -> jax.Array:
   """First-order lower bound on ``||X - X'||`` implied by ``f(X')``.
 
   ``||f(X) - f(X')|| / ||J(X)||_2`` per image; for a reconstruction with
-  ``f(X') = r'`` it equals :func:`certified_bound`.
+  ``f(X') = r'`` it equals :func:`certified_bound` (``chunk``: as there).
   """
-  _, sigma = jacobian_spectral_norms(model.feature_fn(params), x)
+  _, sigma = jacobian_spectral_norms(model.feature_fn(params), x, chunk)
   dist = representation_distance(model, params, x, x_rec)
   return jnp.where(sigma > 0, dist / jnp.where(sigma > 0, sigma, 1.0), 0.0)

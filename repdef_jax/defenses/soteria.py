@@ -40,6 +40,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from repdef_jax import host
 from repdef_jax import models as models_lib
@@ -63,6 +64,9 @@ def check_percent(percent: Any, name: str = "percent") -> None:
   """
   if isinstance(percent, jax.core.Tracer):
     return
+  if isinstance(percent, (str, bytes, bool, np.bool_)):
+    raise ValueError(f"{name} must be a number in [0, 100], got "
+                     f"{percent!r}.")
   try:
     value = float(percent)
   except (TypeError, ValueError):
@@ -181,9 +185,10 @@ def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
   post = lambda zz: model.top_post(params, zz)
   r = post(z)
   b, f = r.shape
+  if chunk is not None and (isinstance(chunk, bool) or not isinstance(
+      chunk, (int, np.integer)) or chunk < 1):
+    raise ValueError(f"chunk must be a positive int or None, got {chunk!r}.")
   c = auto_chunk(b, f) if chunk is None else int(chunk)
-  if c < 1:
-    raise ValueError(f"chunk must be a positive int or None, got {chunk}.")
   c = min(c, f)
   n = -(-f // c)
   starts = jnp.arange(n) * c
@@ -635,9 +640,10 @@ def soteria(model: models_lib.Model,
       'fwd' to force the generic :func:`features_and_jacobian` mode.
     jacobian_conv_impl: convolution formulation used for the Jacobian
       (same parameters, same numbers up to float rounding; see
-      :mod:`repdef_jax.models`); 'auto' is, per layer, 's2d' on CPU
-      (several times faster backward passes than 'xla'; 'patches' for a
-      grey image layer) and 'xla' on GPU/TPU. None keeps the model's.
+      :mod:`repdef_jax.models`); 'auto' is 'xla' on GPU/TPU and on CPU
+      the 'jacobian' rule of :func:`repdef_jax.models.resolve_conv_impl`
+      (per layer 'dense', 'patches' or 's2d'; with ``jacobian='rev'`` /
+      'fwd' the 'auto' rule). None keeps the model's.
     jacobian_chunk: features pulled back (rows of the Jacobian computed) at
       a time, bounding memory; None picks a size.
 
@@ -673,6 +679,9 @@ def soteria(model: models_lib.Model,
       or jacobian_chunk < 1):
     raise ValueError(f"jacobian_chunk must be a positive int or None, got "
                      f"{jacobian_chunk!r}.")
+  if jacobian_conv_impl is not None:
+    _check_choice(jacobian_conv_impl, models_lib.CONV_IMPLS,
+                  "jacobian_conv_impl")
   defended_layer(jax.eval_shape(model.init, jax.random.key(0)), model)
   perturb = PERTURBATIONS[qname]
   jac_model = (model if jacobian_conv_impl is None
@@ -704,8 +713,9 @@ def soteria(model: models_lib.Model,
                              weights=weights, active=active,
                              selection=selection)
     row_scale, info = perturb(ctx, percent)
-    # A NaN/inf image makes the scores NaN and silently prunes every feature:
-    # flag it (jittable; host callers should raise on it).
+    # A NaN/inf image makes the scores NaN and the mask meaningless (every
+    # feature pruned by 'percentile'; 'count' ranks NaN as kept): flag it
+    # (jittable; host callers should raise on it).
     bad = ~jnp.all(jnp.isfinite(batch.x.reshape(batch.x.shape[0], -1)),
                    axis=1)
     info = {**info, "nonfinite_input": jnp.any(bad & (weights > 0)).astype(
