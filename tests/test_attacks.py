@@ -386,7 +386,8 @@ def test_gs_box_from_normalization():
 
 def test_gs_step_schedule_decays_tenfold_at_three_five_seven_eighths():
   """lr until floor(3/8 T), then lr / 10, lr / 100 from floor(5/8 T) and
-  lr / 1000 from floor(7/8 T) (inversefed's milestones, floored)."""
+  lr / 1000 from floor(7/8 T) (close to inversefed's, which divide T by
+  2.667, 1.6 and 1.142); milestones that coincide multiply their decays."""
   sched = inverting.step_schedule(0.2, 800)  # Milestones 300, 500, 700.
   steps = [0, 299, 300, 499, 500, 699, 700, 799]
   want = [0.2, 0.2, 0.02, 0.02, 2e-3, 2e-3, 2e-4, 2e-4]
@@ -395,6 +396,9 @@ def test_gs_step_schedule_decays_tenfold_at_three_five_seven_eighths():
   sched = inverting.step_schedule(0.2, 5)  # 1.875, 3.125, 4.375: 1, 3, 4.
   np.testing.assert_allclose([float(sched(s)) for s in range(5)],
                              [0.2, 0.02, 0.02, 2e-3, 2e-4], rtol=1e-6)
+  sched = inverting.step_schedule(0.2, 2)  # 0.75, 1.25, 1.75: 0, 1, 1.
+  np.testing.assert_allclose([float(sched(s)) for s in range(2)],
+                             [0.02, 2e-4], rtol=1e-6)
 
 
 def test_gs_iterates_are_signed_adam_steps_clipped_to_the_box():

@@ -198,6 +198,15 @@ def test_jit_equals_eager(client):
   assert tuple(per_class) == CLASSES
   np.testing.assert_allclose(per_class[7]["fc0"], client["reps"]["fc0"][7],
                              rtol=1e-5, atol=1e-7)
+  # A second update (what a server sees every round) reuses the compiled
+  # walk instead of compiling it again.
+  # pylint: disable=protected-access
+  fn = repinfer._jitted_inference(model, M, None, ())
+  compiled = fn._cache_size()
+  again = repinfer.infer_representations(
+      model, jax.tree_util.tree_map(lambda u: 2 * u, update), M=M)
+  assert tuple(again) == CLASSES and fn._cache_size() == compiled
+  # pylint: enable=protected-access
 
 
 def test_class_means_are_per_class_averages(client):

@@ -36,14 +36,16 @@ class AttackResult(NamedTuple):
     x_rec: reconstructed images ``[B, H, W, C]`` in the model's input space
       (not clamped; DLG's images are unconstrained).
     labels_rec: labels the attack used or recovered ``[B]`` (int32).
-    loss_history: objective per outer step (DLG) or per iteration block
-      (GS), ``[T]``; entries after an early stop repeat the final loss.
+    loss_history: objective per outer step (DLG) or per iteration (GS,
+      the loss before each step), ``[T]``; entries after an early stop
+      repeat the final loss.
     final_loss: objective at ``x_rec`` (scalar).
     diverged: True when the objective or the image became non-finite or
       exploded; ``x_rec`` must then not be read as a reconstruction. DLG
       keeps its last sane iterate (finite); GS returns its final iterate,
       which may hold NaN or inf.
-    iterations: number of optimiser iterations actually taken.
+    iterations: objective evaluations after the initial one (DLG: L-BFGS
+      trials, rejected and backtracked ones included) or iterations (GS).
   """
 
   x_rec: jax.Array

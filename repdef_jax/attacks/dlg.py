@@ -80,7 +80,9 @@ class DLGConfig:
     infer_label: iDLG: infer the label from the last layer, optimise only
       the image with that hard label.
     view: which gradient entries to match (adaptive attacks).
-    diverge_factor: loss above this times the initial loss = diverged.
+    diverge_factor: loss above this times the initial loss = diverged
+      (not with ``optimizer='linesearch'``, which backtracks from such a
+      step instead).
     max_abs_pixel: an image entry beyond this magnitude = diverged (with
       the line search: the trial step is rejected).
     optimizer: 'torch' (:func:`repdef_jax.attacks.lbfgs.torch_lbfgs`, the

@@ -32,6 +32,9 @@ Where this departs from the paper / reference code:
   ``_score_trial``, ``scoring_choice='loss'``) scores a trial by the
   gradient cost alone, without TV, so with a large ``tv_weight`` the two
   can keep different restarts.
+* The step-size milestones are floor(3/8 T), floor(5/8 T), floor(7/8 T);
+  inversefed's are ``T // 2.667``, ``T // 1.6``, ``T // 1.142`` (at T =
+  24,000: 9,000 / 15,000 / 21,000 against 8,998 / 14,999 / 21,015).
 * The initial image is drawn from a standard normal, as the reference, and is
   not projected before the first step.
 * A FedAvg update (``local_steps`` > 1): the trial gradient is the client's
@@ -114,8 +117,12 @@ def box_from_normalization(mean: Sequence[float],
 
 
 def step_schedule(learning_rate: float, iterations: int) -> optax.Schedule:
-  """lr, times 0.1 at 3/8, 5/8 and 7/8 of ``iterations``."""
-  bounds = {int(iterations * f): 0.1 for f in (3 / 8, 5 / 8, 7 / 8)}
+  """lr, times 0.1 at 3/8, 5/8 and 7/8 of ``iterations`` (floored; with
+  fewer than 8 iterations milestones that coincide multiply their decays)."""
+  bounds = {}
+  for f in (3 / 8, 5 / 8, 7 / 8):
+    step = int(iterations * f)
+    bounds[step] = bounds.get(step, 1.0) * 0.1
   return optax.piecewise_constant_schedule(learning_rate, bounds)
 
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -352,7 +352,9 @@ def infer_all_representations(model: models_lib.Model, update_tree: Params,
   Args:
     model: the model (static); its ``fc_layers`` name the update's sub-trees.
     update_tree: the client's update (parameter tree, e.g. ``params_after -
-      params_before``; a summed gradient works too, sign-corrected).
+      params_before``); a summed gradient works too with the default
+      ``rule='norm'`` (or ``num_classes_hint``), not with ``rule='sign'``,
+      which reads a positive bias *update* (minus the gradient) as present.
     M: features used per earlier layer (static); clipped to each layer's
       width.
     num_classes_hint: number of classes the client holds, if known (top-k).
@@ -389,6 +391,17 @@ def infer_all_representations(model: models_lib.Model, update_tree: Params,
   return mask, {layer: reps[layer] for layer in layers}
 
 
+@functools.lru_cache(maxsize=16)
+def _jitted_inference(model: models_lib.Model, M: int,
+                      num_classes_hint: int | None,
+                      kwargs: tuple[tuple[str, Any], ...]) -> Callable:
+  """One jitted :func:`infer_all_representations` per model and settings
+  (a new ``jax.jit`` per call would compile again for every update)."""
+  return jax.jit(functools.partial(infer_all_representations, model, M=M,
+                                   num_classes_hint=num_classes_hint,
+                                   **dict(kwargs)))
+
+
 def infer_representations(model: models_lib.Model, update_tree: Params, *,
                           M: int = 10, num_classes_hint: int | None = None,
                           **kwargs) -> dict[int, dict[str, np.ndarray]]:
@@ -408,8 +421,8 @@ def infer_representations(model: models_lib.Model, update_tree: Params, *,
     ``{class_id: {layer: representation entering that layer}}`` for every
     layer of ``model.fc_layers``.
   """
-  fn = jax.jit(functools.partial(infer_all_representations, model, M=M,
-                                 num_classes_hint=num_classes_hint, **kwargs))
+  fn = _jitted_inference(model, M, num_classes_hint,
+                         tuple(sorted(kwargs.items())))
   mask, reps = jax.device_get(fn(update_tree))
   return {int(c): {layer: reps[layer][c] for layer in reps}
           for c in np.flatnonzero(mask)}
