@@ -200,7 +200,7 @@ def fetch(url: str, sha256: str, *, size: int | None = None,
     reason = getattr(error, "reason", None) or error
     raise DownloadError(f"fetching {url} failed ({type(error).__name__}: "
                         f"{reason})") from None
-  if digest.hexdigest() != sha256:
+  if digest.hexdigest() != sha256.lower():
     raise DownloadError(
         f"checksum mismatch for {url}: sha256 {digest.hexdigest()}, expected "
         f"{sha256}; refused (a mirror with other files needs --checksums)")

@@ -2,8 +2,9 @@
 
 Everything an experiment writes goes through these helpers so that a run
 killed at any moment leaves either the old file or the new one, never half of
-one: data is written to a temporary file in the same folder, flushed, synced
-and moved over the target with ``os.replace`` (atomic on POSIX).
+one: data is written to a temporary file in the same folder, synced to disk,
+moved over the target with ``os.replace`` (atomic on POSIX), and the folder
+is synced so that the rename itself survives a power loss.
 """
 
 from __future__ import annotations
@@ -33,6 +34,25 @@ def _umask() -> int:
   return old
 
 
+def _fsync(path: str, folder: bool = False) -> None:
+  """Flushes a file (errors raised: it must not land) or a folder (best
+  effort: not every OS can sync one) to disk."""
+  flags = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if folder else os.O_RDWR
+  try:
+    fd = os.open(path, flags)
+  except OSError:
+    if folder:
+      return
+    raise
+  try:
+    os.fsync(fd)
+  except OSError:
+    if not folder:
+      raise
+  finally:
+    os.close(fd)
+
+
 @contextlib.contextmanager
 def _atomic_path(path: str) -> Iterator[str]:
   """A temporary file next to ``path``, moved over it if the block succeeds.
@@ -49,8 +69,10 @@ def _atomic_path(path: str) -> Iterator[str]:
   os.close(fd)
   try:
     yield tmp
+    _fsync(tmp)
     os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
+    _fsync(folder, folder=True)
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
@@ -71,8 +93,6 @@ def write_bytes(path: str, data: bytes) -> None:
   with _atomic_path(path) as tmp:
     with open(tmp, "wb") as f:
       f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
 
 
 def write_text(path: str, text: str) -> None:
@@ -91,8 +111,6 @@ def write_json(path: str, obj: Any) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
       json.dump(obj, f, indent=2, default=_json_default)
       f.write("\n")
-      f.flush()
-      os.fsync(f.fileno())
 
 
 def read_json(path: str, default: Any = None) -> Any:

@@ -331,7 +331,7 @@ def test_fetch_passes_its_timeout_to_every_connection(monkeypatch):
   assert download.fetch("http://x/f", sha, timeout=2.5) == b"data"
   download.fetch("http://x/f", sha)
   monkeypatch.setenv(download.TIMEOUT_ENV, "7")
-  download.fetch("http://x/f", sha)
+  download.fetch("http://x/f", sha.upper())  # Hex digits in either case.
   assert seen == [2.5, download.DEFAULT_TIMEOUT, 7.0]
 
 

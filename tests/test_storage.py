@@ -101,6 +101,36 @@ def test_a_write_failing_before_it_lands_keeps_the_old_file(tmp_path,
   assert os.listdir(tmp_path) == ["r.bin"]
 
 
+def test_writes_sync_the_file_then_the_folder(tmp_path, monkeypatch):
+  """Every write (a figure too) syncs its temporary file before the rename
+  and the folder after it; a figure whose sync fails does not land."""
+  if not os.path.isdir("/proc/self/fd"):
+    pytest.skip("needs /proc to name a file descriptor")
+  synced = []
+  real = os.fsync
+  monkeypatch.setattr(storage.os, "fsync",
+                      lambda fd: synced.append(os.readlink(
+                          f"/proc/self/fd/{fd}")) or real(fd))
+  plt = storage.pyplot()
+  fig = plt.figure()
+  storage.save_figure(fig, str(tmp_path / "f.png"))
+  storage.write_json(str(tmp_path / "r.json"), {"a": 1})
+  assert [os.path.basename(p).endswith(".tmp") for p in synced] == [
+      True, False] * 2
+  assert synced[1] == synced[3] == str(tmp_path)
+
+  def fail(fd):
+    raise OSError("disk full")
+
+  monkeypatch.setattr(storage.os, "fsync", fail)
+  old = (tmp_path / "f.png").read_bytes()
+  with pytest.raises(OSError, match="disk full"):
+    storage.save_figure(fig, str(tmp_path / "f.png"))
+  plt.close(fig)
+  assert (tmp_path / "f.png").read_bytes() == old
+  assert sorted(os.listdir(tmp_path)) == ["f.png", "r.json"]
+
+
 def test_compilation_cache_folder_argument_environment_and_off(
     tmp_path, monkeypatch):
   """The argument wins, then $REPDEF_JAX_COMPILATION_CACHE, then a folder
