@@ -45,6 +45,19 @@ def test_ratio_curve_known_answer():
   assert out["median"]["low"] == pytest.approx(10.0)  # no noise
 
 
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_ratio_curve_ignores_a_diverged_training_point_wherever_it_is(where):
+  """A point with a diverged seed (NaN accuracy) has no accuracy: the range
+  and the median are those of the other points, whatever its position."""
+  bad = _pt(10, 0.9, 0.5)
+  bad["accuracy"] = [0.9, float("nan"), 0.9]
+  soteria = [bad, *SOTERIA] if where == "first" else [*SOTERIA, bad]
+  out = ea.ratio_curve(soteria, BASELINE)
+  assert out["range"] == pytest.approx([0.80, 0.89])
+  assert out["median"]["value"] == pytest.approx(10.0)
+  assert out["median"]["n"] == 2
+
+
 def test_ratio_interval_covers_the_truth_with_noise():
   s = [_pt(40, 0.9, 0.2, noise=0.3, n=40, seed=1)]
   b = [_pt(2, 0.90, 0.02, noise=0.3, n=40, seed=2)]

@@ -27,6 +27,7 @@ def test_verdict_word_drops_the_reason():
     ((1.0, 0.5, 1.5), (1.2, None, None), True),   # Value inside.
     ((1.0, 0.5, 1.5), (1.7, None, None), False),  # Value outside.
     ((None, None, None), (None, None, None), None),
+    ((1.0, 0.5, 1.5), (None, None, None), None),  # One side: nothing.
 ])
 def test_estimates_overlap(a, b, expected):
   assert replication.estimates_overlap(
@@ -135,7 +136,7 @@ def test_readme_block_counts_and_lists_what_differs(tmp_path):
   assert text.startswith("top\n") and text.endswith("bottom\n")
   assert "PLACEHOLDER" not in text
   assert ("Of the 2 claims the replica ran, 1 replicate (1 of them by "
-          "verdict alone: neither run has an estimate), 1 give another "
+          "verdict alone: one run or both have no estimate), 1 give another "
           "verdict") in text
   assert ("1 claims the replica did not run (parts or panels it lacks) are "
           "not replicated") in text
@@ -215,6 +216,6 @@ def test_readme_block_counts_only_compared_claims_as_run():
                                _claim("new", 1.0, 0.5, 1.5, "held")]}}
   text = replication.readme_block(replication.compare(ref, rep), "src")
   assert ("Of the 2 claims the replica ran, 1 replicate (0 of them by "
-          "verdict alone: neither run has an estimate), 1 give another "
+          "verdict alone: one run or both have no estimate), 1 give another "
           "verdict and 0 the same verdict with disjoint intervals; 1 claims "
           "the replica did not run") in text

@@ -121,6 +121,14 @@ def test_grouped_mean_ci_is_a_t_interval_over_the_group_means():
   one = stats.mean_ci([1.0, 2.0, 3.0], groups=[5, 5, 5])
   assert one["groups"] == 1 and one["low"] == stats.mean_ci([1.0, 2.0, 3.0])[
       "low"]
+  # Three seeds of which one keeps finite values: its images are not seeds,
+  # so no interval (the mean is still given).
+  nan = float("nan")
+  lost = stats.mean_ci([1.0, 2.0, 3.0, nan, nan], groups=[5, 5, 5, 6, 7])
+  assert (lost["mean"], lost["low"], lost["high"]) == (2.0, None, None)
+  b = stats.bootstrap_ci([1.0, 2.0, 3.0, nan], groups=[5, 5, 5, 6])
+  assert (b["value"], b["low"], b["high"]) == (2.0, None, None)
+  assert stats.bootstrap_ci([1.0, 2.0, 3.0], groups=[5, 5, 5])["low"] < 2.0
   with pytest.raises(ValueError, match="groups must label every value"):
     stats.mean_ci([1.0, 2.0], groups=[0])
 

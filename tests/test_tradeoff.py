@@ -513,26 +513,89 @@ def test_every_defense_at_a_strong_setting_degrades_the_best_attack():
     assert defended["ssim"] < undefended["ssim"] - 0.3, name
 
 
-def test_committed_tables_give_every_mean_its_interval():
+def test_committed_tables_give_every_mean_its_interval_over_seeds():
   """The committed medium run (3 seeds) rendered with today's tables: every
-  per-attack SSIM, one-image and real-update, has its interval."""
+  per-attack SSIM, one-image and real-update, has its interval, except
+  where diverged runs left values from fewer than two seeds: an interval
+  there would be over one seed's images."""
   path = os.path.join(ROOT, "docs", "results", "tradeoff", "tradeoff.json")
   if not os.path.exists(path):
     pytest.skip("no committed trade-off run")
   result = storage.read_json(path)
-  out = tradeoff.tables(result["panels"], result["config"]["success_ssim"])
+  seeds = len(result["config"]["seeds"])
+  assert seeds >= 2
+  out = tradeoff.tables(result["panels"], result["config"]["success_ssim"],
+                        seeds)
   per_attack = [t for t in out if "per attack" in t["title"] or
                 "real multi-step updates" in t["title"]]
   # Per panel: SSIM per attack, success rate per attack, updates.
   assert len(per_attack) == 3 * len(result["panels"])
+  one_seed = 0
   for t in per_attack:
     if "success rate" in t["title"]:
       assert t["header"][0] == "best" and len(t["rows"]) == 1
       continue
     first_attack = 2 if "SSIM per attack" in t["title"] else 5
-    # No interval only where diverged runs left fewer than two seeds.
     assert all("[" in c or re.search(r"\(\d+ div\)$", c)
                for row in t["rows"] for c in row[first_attack:]), t["title"]
+  for name, panel in result["panels"].items():
+    t = next(t for t in out if t["title"].startswith(name) and
+             "SSIM per attack" in t["title"])
+    for p, row in zip(panel["points"], t["rows"]):
+      for attack, cell in zip(panel["attacks"], row[2:]):
+        ssim = p["per_attack"][attack]["ssim"]
+        several = ssim["mean"] is not None and ssim["groups"] >= 2
+        one_seed += ssim["mean"] is not None and not several
+        assert ("[" in cell) == several, (name, p["defense"], attack, cell)
+  assert one_seed > 0  # The run has such cells (DLG at Soteria 95 %).
+
+
+def test_summarize_point_gives_no_interval_over_one_seeds_images():
+  """An attack that diverged on every image of two of three seeds keeps its
+  mean but no interval; the best-of, from all three seeds, keeps both."""
+  def entry(seed, i, dlg_diverged):
+    m = {"ssim": 0.1 * i + seed, "mse": 1.0, "mse_clamped": 0.5, "psnr": 3.0}
+    return {"seed": seed, "best": m,
+            "attacks": {"dlg": {**m, "diverged": dlg_diverged},
+                        "gs": {**m, "diverged": False}}}
+  images = [entry(s, i, s != 0) for s in range(3) for i in range(4)]
+  point = tradeoff.summarize_point([], images, ("dlg", "gs"), 0.6)
+  dlg = point["per_attack"]["dlg"]["ssim"]
+  assert dlg["mean"] == pytest.approx(0.15) and dlg["n"] == 4
+  assert dlg["low"] is None and dlg["high"] is None
+  assert point["per_attack"]["dlg"]["diverged"] == 8
+  for name in ("gs", "best"):
+    s = point["per_attack"][name]["ssim"]
+    assert s["mean"] == pytest.approx(1.15)
+    assert s["low"] < s["mean"] < s["high"]
+
+
+def test_threshold_sensitivity_table():
+  """Per defense and threshold: the first protective strength, its accuracy
+  drop and the ratio there with intervals; 'not reached' and the ratio's
+  note where there is none."""
+  drop = lambda t, s: {"threshold": t, "strength": s, "reached": s is not None,
+                       "mean": 0.02, "low": 0.01, "high": 0.03}
+  panel = {
+      "accuracy_drop": {"compression": [drop(0.1, None), drop(0.2, 90.0),
+                                        drop(0.3, 80.0)],
+                        "soteria": [drop(0.1, 60.0), drop(0.2, 40.0),
+                                    drop(0.3, 40.0)]},
+      "ratios": {"compression": {"mse_clamped": {"at_first_protective": [
+          {"threshold": 0.1, "value": None, "low": None, "high": None,
+           "note": "baseline never protective in the sweep"},
+          {"threshold": 0.2, "value": None, "low": None, "high": None,
+           "note": "no Soteria point reaches the baseline's accuracy"},
+          {"threshold": 0.3, "value": 12.5, "low": 8.0, "high": 20.0}]}}}}
+  rows = tradeoff._sensitivity_rows(panel)  # pylint: disable=protected-access
+  assert rows == [
+      ["compression", 0.1, "not reached", "n/a", "n/a"],
+      ["compression", 0.2, 90.0, "0.02 [0.01, 0.03]",
+       "no Soteria point reaches the baseline's accuracy"],
+      ["compression", 0.3, 80.0, "0.02 [0.01, 0.03]", "12.5 [8, 20]"],
+      ["soteria", 0.1, 60.0, "0.02 [0.01, 0.03]", "n/a"],
+      ["soteria", 0.2, 40.0, "0.02 [0.01, 0.03]", "n/a"],
+      ["soteria", 0.3, 40.0, "0.02 [0.01, 0.03]", "n/a"]]
 
 
 def _fake_flops(monkeypatch, flops, features=1):

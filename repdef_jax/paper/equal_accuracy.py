@@ -25,6 +25,7 @@ These statistics were fixed before any result was looked at
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -135,8 +136,10 @@ def ratio_curve(soteria: Sequence[Point], baseline: Sequence[Point],
     its interval, and ``in_range`` (used for the median). Every value is a
     measured point; nothing is interpolated.
   """
-  s_acc = [mean_accuracy(p) for p in soteria]
-  b_acc = [mean_accuracy(p) for p in baseline]
+  # A point whose training diverged on some seed has no accuracy (NaN): it
+  # stays out of the range (min / max with NaN depend on the order).
+  s_acc = [a for a in map(mean_accuracy, soteria) if math.isfinite(a)]
+  b_acc = [a for a in map(mean_accuracy, baseline) if math.isfinite(a)]
   if not s_acc or not b_acc:
     return {"range": None, "per_point": [], "median": _median_ratio_ci(
         [], metric)}

@@ -11,7 +11,7 @@ to the reference run's and compared by the rule of docs/evaluation.md
   'inconclusive', 'reported'; the reason in parentheses is not compared);
 * the estimates agree: the two 95 % intervals overlap (where one run has no
   interval, its value must lie in the other's; where neither has a value,
-  there is nothing to compare).
+  or only one has, there is nothing to compare: the verdicts decide).
 
 A claim replicates when both hold. Claims of parts the replica did not run
 are listed as not replicated, never as agreeing.
@@ -47,8 +47,8 @@ def _interval(c: dict[str, Any]) -> tuple[float, float] | None:
 
 
 def estimates_overlap(a: dict[str, Any], b: dict[str, Any]) -> bool | None:
-  """Whether two claims' estimates agree (module docstring); None: neither
-  has a value to compare."""
+  """Whether two claims' estimates agree (module docstring); None: nothing
+  to compare (neither has a value, or only one has)."""
   ia, ib = _interval(a), _interval(b)
   if ia and ib:
     return ia[0] <= ib[1] and ib[0] <= ia[1]
@@ -209,7 +209,7 @@ def readme_block(result: dict[str, Any], source: str) -> str:
                     for r in result["rows"])
   lines += ["", f"Of the {compared} claims the replica ran, "
             f"{counts.get('replicates', 0)} replicate ({no_estimate} of them "
-            "by verdict alone: neither run has an estimate), "
+            "by verdict alone: one run or both have no estimate), "
             f"{counts.get('verdict differs', 0)} give another verdict and "
             f"{counts.get('estimates differ', 0)} the same verdict with "
             "disjoint intervals; "

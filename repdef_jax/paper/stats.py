@@ -51,6 +51,14 @@ def finite_groups(values: Sequence[float], groups: Sequence[Any] | None
   return v, [v[labels == g] for g in dict.fromkeys(labels.tolist())]
 
 
+def seeds_lost(groups: Sequence[Any] | None, kept: int | None) -> bool:
+  """True when ``groups`` name two or more seeds but fewer than two of
+  them (``kept``) keep a value: an interval over the one left would be
+  over its images, not over seeds."""
+  return (groups is not None and kept is not None and kept < 2 and
+          len({str(g) for g in groups}) >= 2)
+
+
 def mean_ci(values: Sequence[float], level: float = LEVEL,
             groups: Sequence[Any] | None = None) -> dict[str, Any]:
   """Mean and Student-t interval of the finite values.
@@ -64,8 +72,10 @@ def mean_ci(values: Sequence[float], level: float = LEVEL,
 
   Returns:
     ``{'mean', 'low', 'high', 'n', 'dropped'}`` (and ``'groups'``, the
-    number of groups, when given); low/high are None when fewer than two
-    finite values exist, and equal the mean when all values are equal.
+    number of groups with a finite value, when given); low/high are None
+    when fewer than two finite values exist or when only one of two or more
+    groups keeps finite values (:func:`seeds_lost`), and equal the mean when
+    all values are equal.
   """
   v, split = finite_groups(values, groups)
   out = {"n": int(v.size), "dropped": int(len(values) - v.size)}
@@ -76,7 +86,7 @@ def mean_ci(values: Sequence[float], level: float = LEVEL,
   if v.size == 0:
     return {**out, "mean": None, "low": None, "high": None}
   mean = float(np.mean(v))
-  if v.size < 2:
+  if v.size < 2 or seeds_lost(groups, out.get("groups")):
     return {**out, "mean": mean, "low": None, "high": None}
   half = float(scipy_stats.t.ppf(0.5 + level / 2, v.size - 1) *
                np.std(v, ddof=1) / math.sqrt(v.size))
@@ -116,7 +126,8 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray,
       values within each drawn group.
 
   Returns:
-    ``{'value', 'low', 'high', 'n', 'dropped'}`` (low/high None for n < 2).
+    ``{'value', 'low', 'high', 'n', 'dropped'}`` (low/high None for n < 2
+    and when :func:`seeds_lost`).
   """
   v, split = finite_groups(values, groups)
   out = {"n": int(v.size), "dropped": int(len(values) - v.size)}
@@ -125,7 +136,7 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray,
   if v.size == 0:
     return {**out, "value": None, "low": None, "high": None}
   value = float(statistic(v))
-  if v.size < 2:
+  if v.size < 2 or seeds_lost(groups, out.get("groups")):
     return {**out, "value": value, "low": None, "high": None}
   draw = resampler(v, split, np.random.default_rng(seed))
   boot = np.array([statistic(draw()) for _ in range(samples)])

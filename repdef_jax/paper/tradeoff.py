@@ -42,6 +42,7 @@ from repdef_jax.paper import batched
 from repdef_jax.paper import cost
 from repdef_jax.paper import equal_accuracy
 from repdef_jax.paper import harness
+from repdef_jax.paper import report as report_lib
 from repdef_jax.paper import stats
 from repdef_jax.paper import sweep
 
@@ -320,8 +321,14 @@ def _samples(entries: Sequence[dict], attack: str | None, metric: str
 
 
 def _metric_summary(values: Sequence[float],
-                    seeds: Sequence[Any] | None = None) -> dict[str, Any]:
+                    seeds: Sequence[Any] | None = None,
+                    all_seeds: Sequence[Any] = ()) -> dict[str, Any]:
+  """Mean, interval over seeds and median; ``all_seeds``: the seeds of every
+  image, diverged ones included (no interval when they span two or more
+  seeds and the values only one)."""
   m = stats.mean_ci(values, groups=seeds)
+  if seeds is not None and stats.seeds_lost(all_seeds, m["groups"]):
+    m = {**m, "low": None, "high": None}
   return {"mean": m["mean"], "low": m["low"], "high": m["high"], "n": m["n"],
           "median": float(np.median(values)) if len(values) else None,
           **({"groups": m["groups"]} if seeds is not None else {})}
@@ -366,9 +373,10 @@ def summarize_point(train: list[dict], attack_images: list[dict],
   for metric in PRIVACY_METRICS:
     point[metric], point["seeds"] = _samples(attack_images, None, metric)
   per = {}
+  every_seed = [e.get("seed") for e in attack_images]
   for name in (None, *attacks):
     per[name or "best"] = {
-        **{m: _metric_summary(*_samples(attack_images, name, m))
+        **{m: _metric_summary(*_samples(attack_images, name, m), every_seed)
            for m in PRIVACY_METRICS},
         "success_rate": success_rate(attack_images, name, success_ssim),
         "diverged": sum(_kept(e, name) is None for e in attack_images)}
@@ -546,11 +554,40 @@ def analyse(config, cells: list[tuple[dict, dict]]) -> dict[str, Any]:
   return panels
 
 
-def tables(panels: dict[str, Any], success_ssim: float
+def _sensitivity_rows(panel: dict[str, Any]) -> list[list[Any]]:
+  """Per defense and threshold: the first protective point, its accuracy
+  drop and (baselines) Soteria's clamped-MSE ratio there, with intervals."""
+  fmt = report_lib.fmt_interval
+  rows = []
+  for d, drops in panel["accuracy_drop"].items():
+    ratios = panel["ratios"].get(d, {}).get("mse_clamped", {}).get(
+        "at_first_protective", [])
+    by_t = {r["threshold"]: r for r in ratios}
+    for drop in drops:
+      t = drop["threshold"]
+      if not drop["reached"]:
+        rows.append([d, t, "not reached", "n/a", "n/a"])
+        continue
+      r = by_t.get(t)
+      ratio = ("n/a" if r is None else fmt(r["value"], r["low"], r["high"])
+               if r.get("value") is not None else r.get("note", "n/a"))
+      rows.append([d, t, drop["strength"],
+                   fmt(drop["mean"], drop["low"], drop["high"]), ratio])
+  return rows
+
+
+def tables(panels: dict[str, Any], success_ssim: float, num_seeds: int = 1
            ) -> list[dict[str, Any]]:
   """The report's tables: every point, every attack (with its undefended
-  success rate), the real updates; every mean with its interval."""
-  iv = batched.interval
+  success rate), the real updates, the verdict's threshold sensitivity;
+  every mean with its interval (over seeds: none where the values of a run
+  of ``num_seeds`` >= 2 seeds come from one seed)."""
+
+  def iv(summary):
+    if summary.get("groups", 2) < 2 <= num_seeds:
+      summary = {**summary, "low": None, "high": None}
+    return batched.interval(summary)
+
   # An attack's SSIM with its interval and its count of diverged runs.
   ssim = lambda a: iv(a["ssim"]) + (f" ({a['diverged']} div)"  # noqa: E731
                                     if a.get("diverged") else "")
@@ -597,6 +634,15 @@ def tables(panels: dict[str, Any], success_ssim: float
                   "header": ["cell", "stage", "best SSIM", "best clamped MSE",
                              "success rate", *[f"{a} SSIM" for a in attacks]],
                   "rows": upd})
+    out.append({"title": f"{where}: threshold sensitivity: each defense's "
+                         "first point with best-of-attacks mean SSIM <= the "
+                         "threshold, its paired accuracy drop and Soteria's "
+                         "clamped MSE over the baseline's at equal accuracy "
+                         "there (mean [95 % interval])",
+                "header": ["defense", "SSIM threshold", "first protective "
+                           "strength", "accuracy drop", "clamped-MSE ratio "
+                           "(Soteria / baseline)"],
+                "rows": _sensitivity_rows(panel)})
   return out
 
 
@@ -626,7 +672,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "claims": [c for name, p in panels.items()
                  for c in (*panel_claims(name, p, config),
                            *update_claims(name, p, config))],
-      "tables": tables(panels, config.success_ssim),
+      "tables": tables(panels, config.success_ssim, len(config.seeds)),
       "panels": panels,
       "seconds": time.perf_counter() - start,
       "cell_seconds": sum(r.get("cell_seconds", 0.0) for _, r in cells),
@@ -653,7 +699,8 @@ def refresh_tables(path: str) -> dict[str, Any]:
   """
   result = storage.read_json(path)
   result["tables"] = tables(result["panels"],
-                            result["config"]["success_ssim"])
+                            result["config"]["success_ssim"],
+                            len(result["config"]["seeds"]))
   storage.write_json(path, harness.jsonable(result))
   return result
 
