@@ -66,6 +66,7 @@ from repdef_jax import schedules
 
 logger = logging.getLogger(__name__)
 
+PARTITIONS = ("noniid", "iid", "dirichlet")
 CONFIG_FILE = "config.json"
 DATA_FILE = "data.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -205,8 +206,23 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"eval_batch must be >= 1, got {config.eval_batch}.")
   schedules.check_rate(config.server_lr, "server_lr",
                        "a finite number > 0 (1.0 = plain FedAvg)")
+  # Names checked here, before the workdir is made and the data loaded.
+  data_lib.get_info(config.dataset)
+  if config.partition not in PARTITIONS:
+    raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}; "
+                     f"got {config.partition!r}.")
   if config.lr_schedule == "constant":
     schedules.check_rate(config.client_lr, "client_lr", "a finite number > 0")
+  elif config.lr_schedule == "theorem2":
+    schedules.theorem2_gamma(config.mu, config.smoothness,
+                             max(config.local_steps, 1))
+  else:
+    schedules.get_schedule(config.lr_schedule)  # Raises, naming the choices.
+  from repdef_jax import defenses  # pylint: disable=g-import-not-at-top
+  if config.defense not in defenses.DEFENSE_NAMES:
+    raise ValueError(f"defense must be one of "
+                     f"{', '.join(defenses.DEFENSE_NAMES)}; got "
+                     f"{config.defense!r}.")
 
 
 def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:
@@ -338,8 +354,8 @@ def build_data(config: ml_collections.ConfigDict,
                                   alpha=config.dirichlet_alpha,
                                   seed=config.seed)
   else:
-    raise ValueError(f"unknown partition {config.partition!r}; use noniid, "
-                     "iid or dirichlet.")
+    raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}; "
+                     f"got {config.partition!r}.")
   # Packed first, then scaled: only the clients' images become float32.
   clients = partition_lib.pack(images, labels, idx)
   clients = clients.replace(x=data_lib.to_float(clients.x))

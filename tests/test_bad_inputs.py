@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any, Callable
@@ -184,6 +185,23 @@ def _train(tmp, **overrides):
                                      str(tmp))
 
 
+def _train_early(tmp, **overrides):
+  """``_train`` into ``tmp``; returns (error, whether ``tmp`` exists)."""
+  try:
+    _train(tmp, **overrides)
+  except ValueError as error:
+    return str(error), os.path.exists(tmp)
+  return None, os.path.exists(tmp)
+
+
+def _no_workdir(result, pattern: str) -> str:
+  """The setting was refused, naming it, before the workdir was made."""
+  message, made = result
+  assert message is not None and re.search(pattern, message), message
+  assert not made, "the workdir was created before the check"
+  return f"refused before any file is written: {message}"
+
+
 def _cli(module: str, *flags_: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "-m", module, *flags_], cwd=_ROOT,
                         capture_output=True, text=True, timeout=120,
@@ -191,7 +209,6 @@ def _cli(module: str, *flags_: str) -> subprocess.CompletedProcess:
 
 
 def _cli_error(proc: subprocess.CompletedProcess, pattern: str) -> str:
-  import re  # pylint: disable=g-import-not-at-top
   assert proc.returncode != 0
   text = proc.stdout + proc.stderr
   assert re.search(pattern, text), text[-2000:]
@@ -200,7 +217,6 @@ def _cli_error(proc: subprocess.CompletedProcess, pattern: str) -> str:
 
 def _one_line_error(proc: subprocess.CompletedProcess, pattern: str) -> str:
   """A CLI error: exit 1 and the message on one line, no traceback."""
-  import re  # pylint: disable=g-import-not-at-top
   assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
   [line] = [ln for ln in proc.stderr.splitlines() if ": error: " in ln]
   assert re.search(pattern, line), line
@@ -612,6 +628,19 @@ CASES = [
     Case("training.train_and_evaluate: unknown dataset",
          lambda e: _train(e["tmp"], dataset="imagenet"),
          match="Unknown dataset name"),
+    Case("training.train_and_evaluate: unknown partition",
+         lambda e: _train_early(e["tmp"] / "w", partition="shards"),
+         error=None, check=lambda r: _no_workdir(r, "partition must be one of "
+                                                 "noniid, iid, dirichlet")),
+    Case("training.train_and_evaluate: unknown lr_schedule",
+         lambda e: _train_early(e["tmp"] / "w", lr_schedule="cosine"),
+         error=None, check=lambda r: _no_workdir(r, "unknown schedule")),
+    Case("training.train_and_evaluate: theorem2 with mu 0",
+         lambda e: _train_early(e["tmp"] / "w", lr_schedule="theorem2", mu=0.0),
+         error=None, check=lambda r: _no_workdir(r, "mu must be > 0")),
+    Case("training.train_and_evaluate: unknown defense",
+         lambda e: _train_early(e["tmp"] / "w", defense="dropout"),
+         error=None, check=lambda r: _no_workdir(r, "defense must be one of")),
     # ---- experiments.attack.run (the main job) -------------------------
     Case("experiments.attack.run: unknown config key",
          lambda e: _attack_run(e["tmp"], lr=3), match="Unknown config keys"),
