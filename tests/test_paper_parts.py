@@ -597,13 +597,15 @@ def test_adaptive_table_mixes_attack_families():
   entry = lambda v: {"ssim": {"mean": v, "low": v, "high": v, "n": 3},  # noqa: E731
                      "verdict": "holds"}
   rows = [{"panel": p, "stage": "init", "variant": "reference", "rate": 80.0,
+           "defense/pruned_fraction_of_active": 0.0004,
            "attacks": {**{n: entry(0.1) for n in adaptive.suite(f)},
                        "best": entry(0.1)}}
           for p, f in (("lenet_mnist", "dlg"), ("leakage_mnist", "gs"))]
+  rows[1].pop("defense/pruned_fraction_of_active")  # An undefended row.
   t = adaptive.table(rows)
-  assert len(t["header"]) == 9 and all(len(r) == 9 for r in t["rows"])
-  assert [r[4] for r in t["rows"]] == ["dlg, dlg_drop, dlg_mask",
-                                       "gs, gs_drop, gs_mask"]
+  assert len(t["header"]) == 10 and all(len(r) == 10 for r in t["rows"])
+  assert [r[4:6] for r in t["rows"]] == [[0.0, "dlg, dlg_drop, dlg_mask"],
+                                         ["-", "gs, gs_drop, gs_mask"]]
 
 
 def test_batched_summary_median_and_mean_of_finite_values():

@@ -279,21 +279,27 @@ def claims(config: ml_collections.ConfigDict,
 
 
 def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
-  """Every row: per attack and best-of, mean SSIM [95 % interval] and the
-  verdict (a report table)."""
+  """Every row: the share of active features the defense pruned, and per
+  attack and best-of, mean SSIM [95 % interval] and the verdict (a report
+  table)."""
   out = []
   for r in rows:  # Attacks in suite order (plain, drop, mask), then best.
     names = list(r["attacks"])
     cells = [f"{batched.interval(a['ssim'])} {a['verdict']}"
              for a in r["attacks"].values()]
+    of_active = r.get("defense/pruned_fraction_of_active")
     out.append([r["panel"], r["stage"], r["variant"], r["rate"],
+                "-" if of_active is None else round(100 * of_active, 1),
                 ", ".join(names[:-1]), *cells])
   width = max((len(r["attacks"]) for r in rows), default=0)
-  return {"title": "Mean SSIM [95 % interval] over images x seeds ([0,1] "
-                   "pixels) and verdict; columns: the panel's plain, "
-                   "*_drop, *_mask attack and the best of them",
-          "header": ["panel", "stage", "variant", "rate %", "attacks",
-                     "plain", "drop", "mask", "best"][:5 + width],
+  return {"title": "Mean SSIM [95 % interval over seeds] ([0,1] pixels) and "
+                   "verdict; 'pruned %': share of the active (non-zero) "
+                   "features whose gradient rows the defense zeroed, mean "
+                   "over the row's images; columns: the panel's plain, *_drop, *_mask "
+                   "attack and the best of them",
+          "header": ["panel", "stage", "variant", "rate %", "pruned %",
+                     "attacks", "plain", "drop", "mask",
+                     "best"][:6 + width],
           "rows": out}
 
 

@@ -6,8 +6,9 @@
    representation entering each FC layer from the device's real update
    (Algorithms 3 and 4, :mod:`repdef_jax.attacks.repinfer`), scored by
    Pearson correlation with the true class-mean representation under the
-   model the device received. Per layer: mean and 95 % interval over the
-   (device, class) samples of every seed, share above 0.8; specificity
+   model the device received. Per layer: mean of the (device, class)
+   samples and 95 % interval over the seeds' means, share above 0.8;
+   specificity
    (beyond the paper): the same correlation minus the correlation with the
    device's other class, since the classes' true representations correlate
    highly with each other and a class-blind estimate would score high too;
