@@ -23,7 +23,7 @@ def define_flags() -> None:
   flags.DEFINE_string("out_dir", "docs/benchmarks", "Output folder.")
   flags.DEFINE_list("parts", list(driver.PARTS), "Parts to run.")
   flags.DEFINE_integer("torch_threads", 2, "torch.set_num_threads of the "
-                       "PyTorch peers.")
+                       "PyTorch peers (>= 1).", lower_bound=1)
   flags.DEFINE_bool("render_only", False, "Rewrite BENCHMARKS.md from the "
                     "JSON in --out_dir (and its gpu/ run); measure nothing.")
 

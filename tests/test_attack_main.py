@@ -72,6 +72,34 @@ def test_main_job_end_to_end_and_resume(tmp_path):
       attack_main.run({**CONFIG, "seed": 1}, workdir, verbose=False)
 
 
+def test_main_job_killed_between_its_two_writes_loses_nothing(
+    tmp_path, monkeypatch):
+  """A kill while the second image's files are written: the resumed run
+  attacks that image again (its record is written after its
+  reconstruction), so every image has its record and its reconstruction."""
+  workdir = str(tmp_path / "run")
+  real = attack_main._save_recon  # pylint: disable=protected-access
+  saved = []
+
+  def killed(*args):
+    saved.append(args[1])
+    if len(saved) == 2:
+      raise KeyboardInterrupt
+    return real(*args)
+
+  monkeypatch.setattr(attack_main, "_save_recon", killed)
+  with tfds.testing.mock_data(num_examples=8):
+    with pytest.raises(KeyboardInterrupt):
+      attack_main.run(CONFIG, workdir, verbose=False)
+  monkeypatch.setattr(attack_main, "_save_recon", real)
+  with tfds.testing.mock_data(num_examples=8):
+    results = attack_main.run(CONFIG, workdir, verbose=False)
+  assert len(results["images"]) == 2
+  for entry in results["images"]:
+    assert os.path.exists(os.path.join(workdir,
+                                       f"recon_{entry['index']}.npz"))
+
+
 @pytest.mark.parametrize("key,value,match", [
     ("attack", "nope", "valid names: dlg"),
     ("defense", "nope", "valid names: none"),
@@ -142,6 +170,9 @@ def test_own_images_npz_and_bad_inputs(tmp_path):
   np.savez(tmp_path / "bad.npz", x=x * 2)
   with pytest.raises(ValueError, match=r"float x must lie in \[0, 1\]"):
     attack_main.load_own_images(str(tmp_path / "bad.npz"), (28, 28, 1))
+  np.savez(tmp_path / "empty.npz", x=np.zeros((2, 0, 0, 3), np.uint8))
+  with pytest.raises(ValueError, match=r"x must be uint8 or float images"):
+    attack_main.load_own_images(str(tmp_path / "empty.npz"), (32, 32, 3))
   np.savez(tmp_path / "nox.npz", images=x)
   with pytest.raises(ValueError, match="holding 'x'"):
     attack_main.load_own_images(str(tmp_path / "nox.npz"), (28, 28, 1))

@@ -106,8 +106,8 @@ _PERCENT = r"percent must be a number in \[0, 100\], got 150"
 
 @pytest.mark.parametrize("module,cfg,overrides,match", [
     (visual, visual_cfg, {"seeds": ()},
-     r"seeds must be a non-empty sequence of integers, e\.g\. \(0, 1, 2\); "
-     r"got \(\)"),
+     r"seeds must be a non-empty sequence of distinct integers, e\.g\. "
+     r"\(0, 1, 2\); got \(\)"),
     (visual, visual_cfg, {"num_images": 0}, "num_images must be >= 1"),
     (visual, visual_cfg, {"attacks": ("gs", "gz")},
      "attacks: unknown attack 'gz'; valid names: dlg, idlg, gs"),
@@ -122,6 +122,8 @@ _PERCENT = r"percent must be a number in \[0, 100\], got 150"
     (tradeoff, tradeoff_cfg, {"dry_run": True, "num_images": 0},
      "num_images must be >= 1"),
     (tradeoff, tradeoff_cfg, {"dry_run": True, "seeds": ()}, "seeds must be"),
+    (tradeoff, tradeoff_cfg, {"dry_run": True, "seeds": (0, 0)},
+     "seeds must be a non-empty sequence of distinct integers"),
     (tradeoff, tradeoff_cfg, {"dry_run": True, "defenses.soteria": (150.0,)},
      r"defenses \(soteria\): " + _PERCENT),
     (tradeoff, tradeoff_cfg,
@@ -498,6 +500,30 @@ def test_reproduce_run_checks_parts_and_publish(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="publish must differ"):
       reproduce.run(_reproduce_config(compare_with=compare_with,
                                       publish=publish), str(tmp_path / "c"))
+
+
+def test_reproduce_checks_readme_and_publish_before_any_part(
+    tmp_path, monkeypatch):
+  """A readme without its block and a publish path that is a file fail
+  before the first part runs (not after hours); a relative data_dir reaches
+  the parts, which run in the project root, as an absolute path."""
+  calls, _ = _fake_parts(tmp_path, monkeypatch)
+  note = tmp_path / "notes.md"
+  note.write_text("# no generated block\n")
+  afile = tmp_path / "afile"
+  afile.write_text("")
+  for overrides, match in (
+      ({"readme": str(tmp_path / "missing.md")}, "readme=.* cannot be read"),
+      ({"readme": str(note)}, "readme=.* has no generated block"),
+      ({"publish": str(afile)}, "publish=.* is a file")):
+    with pytest.raises(ValueError, match=match):
+      reproduce.run(_reproduce_config(report_only=False, parts="visual",
+                                      **overrides), str(tmp_path / "w"))
+  assert not calls
+  monkeypatch.chdir(tmp_path)
+  reproduce.run(_reproduce_config(report_only=False, parts="visual",
+                                  data_dir="my_tfds"), str(tmp_path / "w"))
+  assert f"--data_dir={tmp_path / 'my_tfds'}" in calls[0]
 
 
 @pytest.mark.slow

@@ -13,9 +13,9 @@ Measured with seed 0 (test images 55, 16, 189): the README's table,
 generated from docs/results/main_job/results.json; undefended DLG
 reconstructs all three (SSIM >= 0.99) and against Soteria all three fail
 (SSIM <= 0.05), none diverged. With the paper's rule
-(``--dlg_optimizer=torch``, no line search) undefended DLG reconstructs
-image 55 and diverges on the other two (``--attack=idlg`` under that rule
-reconstructs only image 16). Images: a prepared TFDS copy, else a download,
+(``--dlg_optimizer=torch``, no line search) undefended DLG fails on most of
+them; which ones depends on the CPU's float rounding (the README gives a
+measurement). Images: a prepared TFDS copy, else a download,
 else the 256-image sample shipped in the package (docs/data.md). Outputs and
 schema: docs/main_job.md.
 """

@@ -248,8 +248,14 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
     if r is not None:
       finished.append((cell, r))
   costs = cell_costs(config, finished)
+  missing = []
   if reference is None:
     reference = config.get("cost_reference") or ""
+  if reference:
+    found = _find(reference)
+    if found is None:
+      missing.append(reference)
+    reference = found
   ref = storage.read_json(reference) if reference else None
   costs += (ref or {}).get("cell_costs", [])
   rate = rates(costs)
@@ -257,8 +263,11 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
     units = config.get("unit_costs_reference") or ""
   unit = units
   if isinstance(units, str):
-    unit = ((storage.read_json(units) or {}).get("unit_costs")
-            if units else None)
+    found = _find(units) if units else None
+    if units and found is None:
+      missing.append(units)
+    units = found
+    unit = (storage.read_json(units) or {}).get("unit_costs") if units else None
   done = {sweep.cell_name(c) for c, _ in finished}
 
   total, gpu_total, by_kind, by_model = 0.0, 0.0, {}, {}
@@ -296,7 +305,20 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
           "extrapolated": sorted(extrapolated),
           "unknown": sorted("/".join(k) for k in unknown),
           "reference": reference or None,
-          "units": units if isinstance(units, str) and units else None}
+          "units": units if isinstance(units, str) and units else None,
+          "missing": missing}
+
+
+def _find(path: str) -> str | None:
+  """``path`` from the current folder, else (relative) from the checkout
+  holding this package; None when neither exists (e.g. an installed wheel,
+  which ships no ``docs/``)."""
+  if os.path.exists(path):
+    return path
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  alt = os.path.join(root, path)
+  return alt if not os.path.isabs(path) and os.path.exists(alt) else None
 
 
 def render(est: dict[str, Any]) -> str:
@@ -321,6 +343,9 @@ def render(est: dict[str, Any]) -> str:
   if est["extrapolated"]:
     lines.append("extrapolated by forward FLOPs: " +
                  "; ".join(est["extrapolated"]))
+  if est.get("missing"):
+    lines.append("timings not found, not used: " +
+                 "; ".join(est["missing"]))
   if est["unknown"]:
     lines.append("no timing for: " + "; ".join(est["unknown"]) +
                  " (not included)")

@@ -340,7 +340,8 @@ def _check_defense(where: str, name: Any, strength: Any) -> None:
 def check_part_config(config: Any) -> None:
   """Checks the settings the paper's parts share, before any work.
 
-  ``seeds``: a non-empty sequence of integers. When the config has them:
+  ``seeds``: a non-empty sequence of distinct integers (a repeated seed
+  would count as two in every interval). When the config has them:
   ``num_images`` an integer >= 1; attack names (``attacks``, each panel's
   ``attacks`` or ``family``, ``update_attack.attacks``) registered in
   :mod:`repdef_jax.attacks`; defense strengths (``defenses`` and
@@ -357,9 +358,10 @@ def check_part_config(config: Any) -> None:
   seeds = tuple(config.seeds) if isinstance(
       config.get("seeds"), (tuple, list)) else None
   if not seeds or not all(isinstance(s, numbers.Integral) and
-                          not isinstance(s, bool) for s in seeds):
-    raise ValueError(f"seeds must be a non-empty sequence of integers, e.g. "
-                     f"(0, 1, 2); got {config.get('seeds')!r}.")
+                          not isinstance(s, bool) for s in seeds) or len(
+                              set(seeds)) != len(seeds):
+    raise ValueError(f"seeds must be a non-empty sequence of distinct "
+                     f"integers, e.g. (0, 1, 2); got {config.get('seeds')!r}.")
   if "num_images" in config:
     attacks_base.check_num_images(config.num_images)
   named = [("attacks", a) for a in config.get("attacks", ())]

@@ -66,8 +66,8 @@ DEFAULT_CONFIG = {
     "seed": 0,
     "iterations": None,
     # DLG-type attacks: L-BFGS with a backtracking line search. The paper's
-    # rule ('torch': torch.optim.LBFGS without line search) diverges on two
-    # of the three default images undefended (docs/main_job.md).
+    # rule ('torch': torch.optim.LBFGS without line search) fails on most of
+    # the default images undefended (docs/main_job.md).
     "dlg_optimizer": "linesearch",
     "data_dir": None,
     "images": None,
@@ -347,8 +347,8 @@ def load_own_images(path: str, image_shape: tuple[int, int, int]
                        f".npz holding 'x' (optionally 'y'): {error}") from None
     if x.ndim == 3:
       x = x[..., None]
-    if (x.ndim != 4 or x.shape[0] < 1 or x.shape[-1] not in (1, 3, 4) or
-        not (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating))):
+    if (x.ndim != 4 or min(x.shape[:3]) < 1 or x.shape[-1] not in (1, 3, 4)
+        or not (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating))):
       raise ValueError(f"images={path!r}: x must be uint8 or float images "
                        f"[N, h, w(, 1|3|4)], got {x.dtype}{list(x.shape)}.")
     if x.dtype != np.uint8:
@@ -364,6 +364,9 @@ def load_own_images(path: str, image_shape: tuple[int, int, int]
   h, w, c = image_shape
   out = np.empty((len(raw), h, w, c), np.float32)
   for i, img in enumerate(raw):
+    if min(img.size) < 1:
+      raise ValueError(f"images={path!r}: {names[i]} has no pixels "
+                       f"({img.size[0]}x{img.size[1]}).")
     img = img.convert("L" if c == 1 else "RGB")
     if img.size != (w, h):
       side = min(img.size)
@@ -527,16 +530,19 @@ def run(config: Any, workdir: str, verbose: bool = True) -> dict:
       except (ValueError, FloatingPointError) as e:
         entry["error"] = f"{type(e).__name__}: {e}"
       entry["host"] = host.describe()
-      results["images"].append(harness.jsonable(entry))
-      done[idx] = results["images"][-1]
-      storage.write_json(path, results)  # results.json first: the record.
+      # The reconstruction first, then the record that marks the image
+      # done: a kill in between recomputes the image, losing nothing.
       if recs:
         _save_recon(workdir, idx, np.asarray(x[0]), *recs)
+      results["images"].append(harness.jsonable(entry))
+      done[idx] = results["images"][-1]
+      storage.write_json(path, results)
       durations.append(time.perf_counter() - start)
     if verbose:
       per_image = np.mean(durations[1:] or durations) if durations else 0.0
-      print(table_row(done[idx], f"{per_image * (len(chosen) - n - 1):.0f}s"),
-            flush=True)
+      eta = "" if data.quiet() else (
+          f"{per_image * (len(chosen) - n - 1):.0f}s")
+      print(table_row(done[idx], eta), flush=True)
   png = os.path.join(workdir, PLOT_FILE)
   finished = [i for i in chosen if i in done]
   if finished and (durations or not os.path.exists(png)):

@@ -70,6 +70,27 @@ def parse_seeds(seeds: Any) -> tuple[int, ...]:
   return tuple(int(s) for s in items)
 
 
+def _check_outputs(config: Any) -> None:
+  """Fails before any part runs on a ``readme`` without its generated
+  block or a ``publish`` path that is a file (found after hours, else)."""
+  readme = config.get("readme")
+  if readme:
+    marker = (replication.README_BEGIN if config.get("compare_with")
+              else report.README_BEGIN)
+    try:
+      with open(readme, encoding="utf-8") as f:
+        has_block = marker in f.read()
+    except OSError as error:
+      raise ValueError(f"readme={readme!r} cannot be read "
+                       f"({error.strerror}).") from None
+    if not has_block:
+      raise ValueError(f"readme={readme!r} has no generated block to fill "
+                       f"(no {marker!r} line).")
+  publish = config.get("publish")
+  if publish and os.path.exists(publish) and not os.path.isdir(publish):
+    raise ValueError(f"publish={publish!r} is a file; it must be a folder.")
+
+
 def part_args(part: str, preset: str, workdir: str,
               data_dir: str | None, seeds: tuple[int, ...] = ()
               ) -> list[str]:
@@ -185,6 +206,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     raise ValueError(f"unknown parts {sorted(unknown)}; valid: "
                      f"{', '.join(PART_ORDER)}.")
   seeds = parse_seeds(config.get("seeds", ""))
+  _check_outputs(config)
   if config.get("compare_with"):
     replication.load_reference(config.compare_with)  # Fails before running.
     if config.get("publish") and (os.path.abspath(config.publish) ==
@@ -192,10 +214,12 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
       raise ValueError("publish must differ from compare_with (publishing "
                        "would overwrite the reference's results).")
   workdir = os.path.abspath(workdir)
+  # The parts run in the project root: a relative data_dir is the caller's.
+  data_dir = os.path.abspath(config.data_dir) if config.data_dir else None
   if config.report_only:
     runs = storage.read_json(os.path.join(workdir, "reproduce.json"), {})
   else:
-    runs = run_parts(config.preset, workdir, config.data_dir or None, parts,
+    runs = run_parts(config.preset, workdir, data_dir, parts,
                      config.mock_data, seeds)
   path = report.write_report(workdir, runs=runs, preset=config.preset)
   if config.get("publish"):
