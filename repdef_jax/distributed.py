@@ -3,8 +3,9 @@
 A run on several processes (several hosts, or several processes on one
 machine) is the same program started once per process. :func:`initialize`
 connects them, from explicit settings (coordinator address, number of
-processes, this process's id) or from a cluster environment JAX recognises
-(SLURM, Open MPI, multi-host Cloud TPU, or ``JAX_COORDINATOR_ADDRESS``); after
+processes, this process's id; ``JAX_COORDINATOR_ADDRESS`` stands in for the
+address) or from a cluster environment JAX recognises (SLURM, Open MPI,
+multi-host Cloud TPU); after
 it, ``jax.devices()`` lists every process's devices, so a mesh built from it
 (:func:`repdef_jax.fedavg.make_mesh`) spans all of them. Only the primary
 process (:func:`is_primary`) writes files and logs. On CPU the processes
@@ -25,13 +26,12 @@ def cluster_environment() -> str | None:
   """The multi-process cluster environment this process runs in, if any.
 
   Returns:
-    'env' (``JAX_COORDINATOR_ADDRESS`` is set), 'slurm' (a job step of more
-    than one task), 'ompi' (an Open MPI job of more than one process), 'tpu'
-    (a multi-host Cloud TPU slice) or None.
+    'slurm' (a job step of more than one task), 'ompi' (an Open MPI job of
+    more than one process), 'tpu' (a multi-host Cloud TPU slice) or None.
+    (``JAX_COORDINATOR_ADDRESS`` alone is not one: JAX reads no process
+    count or id from the environment; see :func:`initialize`.)
   """
   env = os.environ
-  if env.get("JAX_COORDINATOR_ADDRESS"):
-    return "env"
   if "SLURM_STEP_NODELIST" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
     return "slurm"
   if ("OMPI_MCA_orte_hnp_uri" in env and
@@ -51,8 +51,10 @@ def initialize(coordinator_address: str = "", num_processes: int = 1,
 
   Args:
     coordinator_address: ``host:port`` of process 0 (every process gives the
-      same); "" reads the cluster environment (:func:`cluster_environment`),
-      and without one the run is single-process.
+      same); "" takes ``$JAX_COORDINATOR_ADDRESS`` (then ``num_processes``
+      and ``process_id`` are needed), else reads the cluster environment
+      (:func:`cluster_environment`), and without one the run is
+      single-process.
     num_processes: number of processes (with ``coordinator_address``).
     process_id: this process's id in ``[0, num_processes)``.
 
@@ -65,6 +67,14 @@ def initialize(coordinator_address: str = "", num_processes: int = 1,
   """
   if jax.distributed.is_initialized():
     return jax.process_count() > 1
+  if not coordinator_address and os.environ.get("JAX_COORDINATOR_ADDRESS"):
+    coordinator_address = os.environ["JAX_COORDINATOR_ADDRESS"]
+    if num_processes <= 1:
+      raise ValueError(
+          f"JAX_COORDINATOR_ADDRESS={coordinator_address} asks for several "
+          "processes: give num_processes and process_id too (e.g. "
+          "--config.num_processes=2 --config.process_id=0); JAX reads only "
+          "the address from the environment.")
   if not coordinator_address:
     if num_processes > 1:
       raise ValueError(

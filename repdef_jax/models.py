@@ -175,14 +175,14 @@ def resolve_conv_impl(conv_impl: str, backend: str | None = None,
 
 
 class Conv2D(nn.Module):
-  """2-D convolution, NHWC, explicit symmetric padding, three formulations.
+  """2-D convolution, NHWC, explicit symmetric padding, several formulations.
 
   Attributes:
     features: output channels.
     kernel_size: square kernel size.
     strides: stride in both spatial dimensions.
     padding: zero padding on each side (PyTorch convention).
-    impl: 'auto', 'xla', 'patches' or 's2d' (see the module docstring).
+    impl: one of :data:`CONV_IMPLS` (see the module docstring).
     kernel_init: initialiser of the kernel.
     bias_init: initialiser of the bias.
   """
@@ -201,6 +201,8 @@ class Conv2D(nn.Module):
     k = self.kernel_size
     kernel = self.param("kernel", self.kernel_init, (k, k, cin, self.features))
     bias = self.param("bias", self.bias_init, (self.features,))
+    # One dtype for every formulation (lax.conv refuses mixed ones).
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias)
     pad = ((self.padding, self.padding), (self.padding, self.padding))
     strides = (self.strides, self.strides)
     impl = resolve_conv_impl(self.impl, in_channels=cin,
@@ -752,8 +754,10 @@ def non_default_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
                      f"{', '.join(MODEL_NAMES)}.")
   defaults = {f.name: f.default for f in dataclasses.fields(_MODULES[name][0])}
   missing = object()
-  return {k: v for k, v in dict(kwargs).items()
-          if defaults.get(k, missing) != v}
+  kwargs = dict(kwargs)
+  if "hidden" in kwargs:
+    kwargs["hidden"] = tuple(kwargs["hidden"])
+  return {k: v for k, v in kwargs.items() if defaults.get(k, missing) != v}
 
 
 def get_model(name: str,
@@ -811,7 +815,8 @@ def get_model(name: str,
     raise ValueError(f"Unknown keyword argument(s) {', '.join(unknown)} for "
                      f"model {name!r}; it accepts "
                      f"{', '.join(accepted) or 'none'}.")
-  if "hidden" in kwargs:
+  if "hidden" in kwargs:  # A tuple: the Model is a static (hashed) argument.
+    kwargs = {**kwargs, "hidden": tuple(int(h) for h in kwargs["hidden"])}
     n = len(kwargs["hidden"])
     fc_layers = tuple(f"fc{i}" for i in range(n)) + ("head",)
   module = cls(num_classes=num_classes, init_scheme=init, conv_impl=conv_impl,
@@ -821,7 +826,8 @@ def get_model(name: str,
                 fc_layers=fc_layers)
   try:
     out = jax.eval_shape(
-        lambda k: model.apply(model.init(k), jnp.zeros((1, *input_shape))),
+        lambda k: model.apply(model.init(k),
+                              jnp.zeros((1, *input_shape), jnp.float32)),
         jax.random.key(0))
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"Model {name!r} cannot take images of shape "

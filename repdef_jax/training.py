@@ -135,8 +135,9 @@ def default_config() -> ml_collections.ConfigDict:
   # uses every process's devices.
   c.num_devices = -1
   # Multi-process runs (docs/scaling.md): "host:port" of process 0, the
-  # number of processes and this one's id. "" = the cluster environment if
-  # any (SLURM, Open MPI, JAX_COORDINATOR_ADDRESS...), else one process.
+  # number of processes and this one's id. "" = $JAX_COORDINATOR_ADDRESS
+  # (with num_processes and process_id), else the cluster environment if any
+  # (SLURM, Open MPI, multi-host TPU), else one process.
   c.coordinator_address = ""
   c.num_processes = 1
   c.process_id = 0

@@ -146,8 +146,21 @@ def test_cluster_environment_detection(monkeypatch):
   assert distributed.cluster_environment() is None  # A single-host TPU.
   monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "t0,t1")
   assert distributed.cluster_environment() == "tpu"
+  monkeypatch.delenv("TPU_WORKER_HOSTNAMES")
   monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
-  assert distributed.cluster_environment() == "env"
+  # The address alone is no cluster: JAX needs the count and id.
+  assert distributed.cluster_environment() is None
+
+
+def test_coordinator_address_from_the_environment(monkeypatch):
+  """$JAX_COORDINATOR_ADDRESS stands in for the address; without a process
+  count it stops with an error that asks for one; with a bad id the
+  settings' own check names it."""
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1")
+  with pytest.raises(ValueError, match="give num_processes and process_id"):
+    distributed.initialize()
+  with pytest.raises(ValueError, match=r"process_id must be in"):
+    distributed.initialize(num_processes=2, process_id=2)
 
 
 @pytest.mark.parametrize("kwargs, match", [

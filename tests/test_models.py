@@ -387,6 +387,33 @@ def test_auto_conv_impl_resolves_per_backend():
     models.resolve_conv_impl("fft")
 
 
+@pytest.mark.parametrize("impl", ["xla", "patches", "s2d", "dense", "auto"])
+def test_every_formulation_takes_the_float_dtypes_check_input_accepts(impl):
+  """bfloat16 / float16 images with float32 weights: every formulation
+  promotes to one dtype and gives the float32 result (lax.conv refused
+  mixed dtypes, so 'xla', 's2d' and 'auto' raised)."""
+  m = models.get_model("lenet", (16, 16, 3), conv_impl=impl)
+  params = m.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3))
+  want = m.apply(params, x)
+  for dtype in (jnp.bfloat16, jnp.float16):
+    low = x.astype(dtype)
+    got = m.apply(params, low)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, m.apply(params, low.astype(jnp.float32)),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05)
+
+
+def test_hidden_as_a_list_is_one_model():
+  """An MLP's ``hidden`` as a list (from JSON or ConfigDict.to_dict) is the
+  tuple: a hashable Model and one spelling."""
+  m = models.get_model("mlp", (8, 8, 1), hidden=[4, 3])
+  assert m == models.get_model("mlp", (8, 8, 1), hidden=(4, 3))
+  assert m.fc_layers == ("fc0", "fc1", "head")
+  assert models.non_default_kwargs("mlp", {"hidden": [200, 200]}) == {}
+
+
 def test_non_default_kwargs_gives_one_spelling_per_model():
   assert models.non_default_kwargs("convnet64", {"width": 64}) == {}
   assert models.non_default_kwargs("convnet64", {"width": 16}) == {
