@@ -33,8 +33,12 @@ EXTRAS_REQUIRE = {
         # tests/test_notebooks.py builds the wheel offline
         # (--no-build-isolation): setuptools with its own bdist_wheel.
         "setuptools>=70.1",
+        # The Flower integration's tests run in the default suite (about
+        # 25 s to install, 15 s to run); without it they were skipped.
+        "flwr>=1.42",
     ],
     # Optional PyTorch peers for the benchmarks (CPU wheel on these machines).
+    # Not in 'test' (gigabytes with CUDA): tests that need it skip without it.
     "torch": ["torch>=2.3"],
     # repdef_jax.integrations.flower and examples/flower_app (Message API).
     "flower": ["flwr>=1.42"],

@@ -374,19 +374,26 @@ def _toy_core(model, params, shared, keys, labels, run_id, *, scale):
           "labels": labels + run_id}
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 8])
-def test_over_devices_equals_one_device(k, monkeypatch):
+def test_over_devices_without_a_mesh_runs_the_core_as_is(monkeypatch):
+  """No mesh (one device): the core runs unchanged on all K attacks; with
+  progress reporting no mesh is even asked for. Several devices, with K
+  padded, are checked in a subprocess by
+  tests/test_host.py::test_two_devices_equal_one_device."""
+  k = 3
   shared = jnp.arange(k * 4, dtype=jnp.float32).reshape(k, 4)
   keys = jax.random.split(jax.random.key(0), k)
   labels = jnp.arange(k, dtype=jnp.int32)[:, None]
   args = (None, jnp.float32(2.0), shared, keys, labels, jnp.int32(1))
+  asked = []
+  monkeypatch.setattr(base.host, "cpu_mesh",
+                      lambda n, axis: asked.append(n) or None)
   got = base.over_devices(_toy_core, *args, progress=False, scale=3.0)
+  assert asked == [k]
   want = _toy_core(*args, scale=3.0)
   for name in want:
     np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
-  # With progress reporting, or when no mesh is available, one device runs.
-  monkeypatch.setattr(base.host, "cpu_mesh", lambda *a: pytest.fail("mesh"))
   base.over_devices(_toy_core, *args, progress=True, scale=3.0)
+  assert asked == [k]
 
 
 def test_over_devices_sharded_program_equals_the_core(monkeypatch):

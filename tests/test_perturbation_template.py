@@ -3,7 +3,8 @@
 Template for a new norm: register it with
 ``@repdef_jax.defenses.soteria.register_perturbation('q2')`` and these
 parametrised tests run on it automatically (shape, finiteness, determinism,
-jit, strength 0 = identity, only the defended kernel rows touched).
+jit, strength 0 = identity, a positive strength perturbs and a larger one
+no fewer rows, only the defended kernel rows touched).
 """
 
 import jax
@@ -49,6 +50,10 @@ def test_perturbation_contract(setup, name, strength):
   np.testing.assert_array_equal(scale, scale3)                  # jit == eager
   if strength == 0.0:
     np.testing.assert_array_equal(scale, np.ones(f))            # identity
+  else:  # A positive strength perturbs, and more of it at 100 than at 30.
+    assert bool(jnp.any(scale != 1.0)), "strength > 0 changed nothing"
+    weaker = fn(ctx, 30.0)[0]
+    assert int(jnp.sum(scale != 1.0)) >= int(jnp.sum(weaker != 1.0))
   # Through the defense: only the defended kernel rows may change.
   out, _ = S.soteria(model, strength, q=name, selection="count")(
       g, base.ClientBatch(params, x, y), jax.random.key(0))

@@ -87,7 +87,9 @@ TARGETS = [
 def _row(part: str, benchmark: str, config: str, ours: dict[str, Any],
          peer_name: str, peer: dict[str, Any] | None, target: float | None,
          flops: float | None, peak: float | None, note: str = "",
-         met: bool | None = None) -> dict[str, Any]:
+         met: bool | None = None, reused: bool = False) -> dict[str, Any]:
+  """One table row; ``reused``: ours was compiled by an earlier row (no
+  compile time of its own)."""
   ours_s = ours.get("seconds") if ours else None
   peer_s = peer.get("seconds") if peer else None
   ratio = peer_s / ours_s if ours_s and peer_s else None
@@ -101,7 +103,8 @@ def _row(part: str, benchmark: str, config: str, ours: dict[str, Any],
       "target": target, "met": met, "gflop": flops / 1e9 if flops else None,
       "ours_gflops": gf(ours_s), "ours_peak_fraction": frac(gf(ours_s)),
       "peer_gflops": gf(peer_s), "peer_peak_fraction": frac(gf(peer_s)),
-      "compile_s": ours.get("compile_seconds") if ours else None,
+      "compile_s": (ours.get("compile_seconds") if ours and not reused
+                    else None),
       "xla_memory_mib": (ours or {}).get("memory", {}).get("total"),
       "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
       "note": note}
@@ -189,7 +192,8 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
       add(_row("fedavg", "defended round (Soteria 60 % every step) vs "
                "vectorized PyTorch",
                f"LeNet {sname}, {bench.note}", ours, vname, peer, None,
-               bench.flops, peak, note or vnote(bench.meta["batch"])))
+               bench.flops, peak, note or vnote(bench.meta["batch"]),
+               reused=True))
     # On CPU clients run one after another, so a round of 2 clients scales
     # linearly; a GPU runs them all at once: time every client there.
     paper_kw = (s["paper"] if jax.default_backend() == "cpu" else
@@ -218,17 +222,17 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
 
     def mask_pair(bench, b, mask_impl):
       """_pair against one PyTorch mask, noting whether the masks agree."""
-      equal = None
+      check = None
 
       def make():
-        nonlocal equal
-        fn, equal = defense.torch_mask(bench, mask_impl)
+        nonlocal check
+        fn, check = defense.torch_mask(bench, mask_impl)
         return fn
 
       ours, peer, note = _pair(bench, make, reps if b == 1 else 2, has_torch,
                                warmup=b == 1)
-      if equal is not None:
-        note = f"masks identical: {'yes' if equal else 'NO'}"
+      if check is not None:  # After the timing: it runs ours.
+        note = f"masks identical: {'yes' if check() else 'NO'}"
       return ours, peer, note
 
     for b in s["mask_batches"]:
@@ -245,7 +249,7 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
       add(_row("defense", "Soteria mask (reference score) vs vectorized "
                "PyTorch",
                f"LeNet {sname}, {bench.note}", ours, vname, peer, None,
-               bench.flops, peak, note))
+               bench.flops, peak, note, reused=True))
 
   if "gradients" in parts:
     for name, b in s["per_example"]:
@@ -258,7 +262,7 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
                                reps, has_torch)
       add(_row("gradients", "per-example gradients vs PyTorch loop",
                f"{name} {sname}, {bench.note}", ours, tname, peer, None,
-               bench.flops, peak, note))
+               bench.flops, peak, note, reused=True))
 
   if "attack" in parts:
     bench = attack.build_dlg(outer_steps=s["dlg_outer"],
@@ -563,8 +567,9 @@ def render_markdown(report: dict[str, Any],
   if unit:
     lines += ["## Unit costs (seconds)", "",
               "One local FedAvg step of one client (plain / Soteria 60 % at "
-              "the step; * = Soteria timed on one chunk of features and "
-              "scaled), and one attack unit on one CIFAR-10 image. "
+              "the step; * = Soteria's scores timed as programs of one and "
+              "two feature chunks and extrapolated to all chunks), and one "
+              "attack unit on one CIFAR-10 image. "
               "`experiments.benchmarks.costs.unit_costs()` returns them.", "",
               "| model | dataset | batch | plain step | Soteria step |",
               "|---|---|---|---|---|"]
@@ -590,9 +595,9 @@ def render_markdown(report: dict[str, Any],
               "too low), attack cells from their full budget, one CIFAR-10 "
               "image at a time (no early stop, no batching of images, "
               "larger than MNIST: too high). 'measured': the committed "
-              "medium run's total cell time (docs/results/tradeoff, same "
-              "CPU, under load), the check of the estimate; the line below "
-              "the table compares them by kind of cell. "
+              "medium run's total cell time (docs/results/tradeoff, under "
+              "load; its CPU in the line below the table), the check of the "
+              "estimate; that line compares them by kind of cell. "
               "One GPU: FLOPs of each step and attack iteration at "
               f"{presets[0].get('gpu_model', '?')} "
               "(`repdef_jax.paper.cost.gpu_seconds`; a model, not a "

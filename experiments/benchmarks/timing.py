@@ -10,8 +10,9 @@
   convolution formulation, so the count is the same for every
   implementation and its peers (XLA counts 2 FLOPs per multiply-add and
   leaves out taps that fall on the zero padding).
-* :func:`cpu_peak` states this CPU's fp32 peak: 2 FMA pipes x 8 fp32 lanes
-  x 2 FLOPs per FMA = 32 FLOPs per cycle per core (AVX2 + FMA; AMD Zen 2-4),
+* :func:`cpu_peak` states this CPU's fp32 peak: FLOPs per cycle per core
+  from its vector units (:func:`flops_per_cycle`: 32 with AVX2 + FMA, e.g.
+  AMD Zen 2-4; 64 with AVX-512 on Intel, two 512-bit FMA units assumed),
   times the clock (``/proc/cpuinfo`` / ``lscpu``), times the cores this
   process may use. :func:`peak` is that on CPU and, on a GPU, its
   datasheet fp32 peak (:data:`GPU_FP32_TFLOPS`).
