@@ -31,6 +31,7 @@ from experiments.benchmarks import fedavg
 from experiments.benchmarks import gradients
 from experiments.benchmarks import timing
 from experiments.benchmarks import torch_peers
+from repdef_jax import gradients as repdef_gradients
 from repdef_jax import storage
 
 PARTS = ("fedavg", "defense", "gradients", "attack", "unit_costs")
@@ -255,9 +256,14 @@ def run(quick: bool = False, parts=PARTS, torch_threads: int = 2,
     for name, b in s["per_example"]:
       bench = gradients.build_per_example(name, b, input_shape=shape)
       ours, loop = timing.compare(bench, gradients.jax_loop(bench), reps)
+      one_at_a_time = repdef_gradients.per_example_chunk(
+          bench.meta["model"], bench.args[0]) == 1
       add(_row("gradients", "per-example gradients vs JAX loop",
                f"{name} {sname}, {bench.note}", ours, "jitted loop", loop,
-               1.0, bench.flops, peak))
+               1.0, bench.flops, peak,
+               "ours: a compiled loop of one-example gradients on this "
+               "backend (vmapped wide convolutions are slower), the loop's "
+               "own work" if one_at_a_time else ""))
       ours, peer, note = _pair(bench, lambda: gradients.torch_loop(bench),
                                reps, has_torch)
       add(_row("gradients", "per-example gradients vs PyTorch loop",
