@@ -97,6 +97,31 @@ def test_attack_vs_defense_init_is_dlgs_for_lenet_only(monkeypatch, model,
   assert seen == [(model, init)]
 
 
+@pytest.mark.parametrize("attack,given", [("dlg", True), ("gs", True),
+                                          ("idlg", False)])
+def test_attack_vs_defense_gives_the_label_except_to_idlg(monkeypatch,
+                                                          attack, given):
+  """iDLG infers the label from the last layer: handed the true label it
+  would be DLG with a known label (its rows equalled DLG's)."""
+  from repdef_jax.paper import notebook  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  class Stop(Exception):
+    pass
+
+  def defend_and_attack(*args, give_labels, **kwargs):
+    del args, kwargs
+    seen.append(give_labels)
+    raise Stop
+
+  monkeypatch.setattr(notebook.harness, "defend_and_attack",
+                      defend_and_attack)
+  with pytest.raises(Stop):
+    notebook.attack_vs_defense("mnist", "logreg", attack,
+                               settings=[("none", 0.0)])
+  assert seen == [given]
+
+
 def _install_cell(cwd, repo_url=None, installed=False):
   """Runs a notebook's first cell with pip and the import check faked."""
   source = nbformat.read(NOTEBOOKS[0], as_version=4).cells[1].source

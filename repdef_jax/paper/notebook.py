@@ -100,7 +100,7 @@ def attack_vs_defense(dataset: str = "cifar10", model_name: str = "lenet",
     m, x_rec, _ = harness.defend_and_attack(
         model, params, d, x, y, attack, *harness.image_keys(keys, 0),
         iterations=iterations, restarts=1,
-        give_labels=True)
+        give_labels=attack != "idlg")  # iDLG infers the label itself.
     rows.append((f"{name} {strength:g}", x_rec[0], m))
   return {"image": x[0], "label": int(y[0]), "source": source, "rows": rows}
 
@@ -117,8 +117,9 @@ def show_rows(result: dict[str, Any], path: str | None = None) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, len(images), figsize=(2 * len(images), 2.4))
   for ax, img, t in zip(axes, images, titles):
-    ax.imshow(img[..., 0] if img.shape[-1] == 1 else img.clip(0, 1),
-              cmap="gray" if img.shape[-1] == 1 else None)
+    img = np.clip(np.nan_to_num(np.asarray(img, np.float32)), 0, 1)  # As saved.
+    ax.imshow(img[..., 0] if img.shape[-1] == 1 else img,
+              cmap="gray" if img.shape[-1] == 1 else None, vmin=0, vmax=1)
     ax.set_title(t, fontsize=7)
     ax.axis("off")
   plt.show()
