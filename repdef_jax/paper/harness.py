@@ -346,7 +346,9 @@ def check_part_config(config: Any) -> None:
   ``attacks`` or ``family``, ``update_attack.attacks``) registered in
   :mod:`repdef_jax.attacks`; defense strengths (``defenses`` and
   ``update_attack.cells``: defense -> strengths; ``settings``: (defense,
-  strength) pairs; ``rates`` and ``variants``: Soteria percents) valid.
+  strength) pairs; ``rates`` and ``variants``: Soteria percents) valid;
+  attack budgets' step counts (``attack_budgets``, each panel's and
+  ``update_attack.budgets``) integers >= 1.
 
   Args:
     config: a part's ConfigDict (visual, adaptive, certified, repinfer,
@@ -388,6 +390,24 @@ def check_part_config(config: Any) -> None:
     rates += [(f"variants.{variant}", r) for r in values]
   for where, rate in rates:
     _check_defense(where, "soteria", rate)
+  tables = [("attack_budgets", config.get("attack_budgets")),
+            ("update_attack.budgets", update.get("budgets"))]
+  tables += [(f"panels.{name}.attack_budgets", panel.get("attack_budgets"))
+             for name, panel in (config.get("panels") or {}).items()]
+  for where, table in tables:
+    for family, budget in (table or {}).items():
+      for key in _COUNTED_BUDGETS:
+        value = (budget or {}).get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            or value < 1):
+          raise ValueError(f"{where}.{family}.{key} must be an integer >= 1;"
+                           f" got {value!r}.")
+
+
+# Attack budget entries that count steps (an attack of 0 steps reconstructs
+# nothing and would be recorded as a failed attack).
+_COUNTED_BUDGETS = ("outer_steps", "inner_steps", "iterations", "restarts")
 
 
 # --------------------------------------------------------------------------
