@@ -63,9 +63,10 @@ def test_main_job_killed_at_every_write_resumes_without_loss(
   reference = attack_main.run(MAIN, str(mock_env / "ref"), verbose=False)
   workdir = str(mock_env / "run")
   real_replace, real_dump = os.replace, json.dump
-  # Kill at the 1st write, restart and kill at the restart's 2nd write, then
-  # finish: a kill before the first result file and one between images.
-  for kill_index in (1, 2):
+  # Kill at the 1st write, restart and kill at the restart's 2nd write (and,
+  # for os.replace, which also lands each reconstruction, the 3rd), then
+  # finish: kills before the first result file and between images.
+  for kill_index in (1, 2, 3) if kill_at == "replace" else (1, 2):
     calls = []
 
     def dying_replace(src, dst, calls=calls, kill_index=kill_index):
@@ -92,12 +93,16 @@ def test_main_job_killed_at_every_write_resumes_without_loss(
     monkeypatch.setattr(attack_main.os, "replace", real_replace)
     monkeypatch.setattr(json, "dump", real_dump)
     # Nothing half-written, nothing finished lost, no temporary file left:
-    # the run finished kill_index - 1 more images, then died mid-write.
+    # the run recorded one more image per results.json write that landed
+    # (os.replace also lands each image's reconstruction, before its
+    # record), then died mid-write.
     assert not _temp_files(workdir)
     path = os.path.join(workdir, "results.json")
     after = _read(workdir)["images"] if os.path.exists(path) else []
     assert after[:len(before)] == before  # Finished entries kept as they were.
-    assert len(after) == len(before) + kill_index - 1
+    landed = [c for c in calls[:-1]
+              if kill_at == "json_dump" or str(c).endswith("results.json")]
+    assert len(after) == len(before) + len(landed)
   final = attack_main.run(MAIN, workdir, verbose=False)
   assert not _temp_files(workdir)
   assert _no_seconds(final["images"]) == _no_seconds(reference["images"])
