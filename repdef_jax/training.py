@@ -340,23 +340,7 @@ def build_data(config: ml_collections.ConfigDict,
   test_x, test_y, test_source = data_lib.load_with_source(
       config.dataset, "test", data_dir,
       max_examples=config.max_test_examples or None)
-  if config.partition == "noniid":
-    idx = partition_lib.noniid(
-        labels, num_clients=config.num_clients,
-        classes_per_client=config.classes_per_client,
-        samples_per_class=config.samples_per_class, seed=config.seed,
-        num_classes=info.num_classes)
-  elif config.partition == "iid":
-    idx = partition_lib.iid(len(labels), num_clients=config.num_clients,
-                            samples_per_client=config.samples_per_client,
-                            seed=config.seed)
-  elif config.partition == "dirichlet":
-    idx = partition_lib.dirichlet(labels, num_clients=config.num_clients,
-                                  alpha=config.dirichlet_alpha,
-                                  seed=config.seed)
-  else:
-    raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}; "
-                     f"got {config.partition!r}.")
+  idx = client_indices(config, labels, info.num_classes)
   # Packed first, then scaled: only the clients' images become float32.
   clients = partition_lib.pack(images, labels, idx)
   clients = clients.replace(x=data_lib.to_float(clients.x))
@@ -366,6 +350,31 @@ def build_data(config: ml_collections.ConfigDict,
     return clients, test, info
   return clients, test, info, data_fingerprint(train_source, labels, idx,
                                                test_source, test_y)
+
+
+def client_indices(config: ml_collections.ConfigDict, labels: Any,
+                   num_classes: int) -> list[np.ndarray]:
+  """Each client's indices into the training split, by ``config.partition``.
+
+  Raises:
+    ValueError: an unknown partition, or one the labels cannot satisfy.
+  """
+  if config.partition == "noniid":
+    return partition_lib.noniid(
+        labels, num_clients=config.num_clients,
+        classes_per_client=config.classes_per_client,
+        samples_per_class=config.samples_per_class, seed=config.seed,
+        num_classes=num_classes)
+  if config.partition == "iid":
+    return partition_lib.iid(len(labels), num_clients=config.num_clients,
+                             samples_per_client=config.samples_per_client,
+                             seed=config.seed)
+  if config.partition == "dirichlet":
+    return partition_lib.dirichlet(labels, num_clients=config.num_clients,
+                                   alpha=config.dirichlet_alpha,
+                                   seed=config.seed)
+  raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}; "
+                   f"got {config.partition!r}.")
 
 
 def build_fedavg_config(config: ml_collections.ConfigDict,

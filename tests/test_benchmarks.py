@@ -346,7 +346,6 @@ def test_dlg_peer_and_ours_follow_the_same_lbfgs_from_the_same_start():
   if not HAS_TORCH:
     pytest.skip("torch not installed")
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   from experiments.benchmarks import attack  # pylint: disable=g-import-not-at-top
   from repdef_jax.attacks import dlg as dlg_lib  # pylint: disable=g-import-not-at-top

@@ -23,6 +23,7 @@ from repdef_jax import fedavg  # noqa: E402
 from repdef_jax import host  # noqa: E402
 from repdef_jax import models  # noqa: E402
 from repdef_jax import storage  # noqa: E402
+from repdef_jax import training  # noqa: E402
 from repdef_jax.paper import cost  # noqa: E402
 from repdef_jax.paper import harness  # noqa: E402
 from repdef_jax.paper import sweep  # noqa: E402
@@ -453,11 +454,12 @@ def test_update_cell_attacks_the_rescaled_client_update(monkeypatch):
   monkeypatch.setattr(tradeoff.sweep, "budgets", lambda *a, **k: {})
 
   def fake_update(model, fcfg, params, x, y, mask, train_key, noise_key):
-    del model, fcfg, x, y, mask, train_key, noise_key
+    del model, x, y, mask, train_key, noise_key
+    seen["fcfg"] = fcfg
     return (jax.tree_util.tree_map(lambda p: jax.numpy.full_like(p, 0.3),
                                    params), {"defense/x": 1.0})
-  monkeypatch.setattr(fedavg, "client_update", fake_update)
   seen = {}
+  monkeypatch.setattr(fedavg, "client_update", fake_update)
 
   def fake_suite(model, params, shared, x, y, names, key, **kwargs):
     seen.update(params=params, shared=shared, x=x, y=y, key=key)
@@ -473,9 +475,15 @@ def test_update_cell_attacks_the_rescaled_client_update(monkeypatch):
       name="p", seed=0, model=model, keys=keys, params0=params,
       train_config=ml_collections.ConfigDict(dict(
           rounds=4, dataset="mnist", num_clients=3, classes_per_client=1,
-          samples_per_class=4, client_lr=0.1)))
-  out = tradeoff.update_cell(config, panel, "none", 0.0, "first", "")
+          samples_per_class=4, client_lr=0.1, l2=0.01, local_steps=5,
+          batch_size=10)))
+  out = tradeoff.update_cell(config, panel, "dp_gaussian", 0.01, "first", "")
   assert out["round"] == 0 and out["defense/x"] == 1.0
+  # The training's client settings on the attacked batch's local steps.
+  fcfg = seen["fcfg"]
+  assert (fcfg.l2, fcfg.local_steps, fcfg.batch_size) == (0.01, 2, 2)
+  assert fcfg.defense.name == "dp_gaussian" and fcfg.defense_at == "step"
+  assert float(fcfg.client_lr(0)) == pytest.approx(0.1)
   for leaf in jax.tree_util.tree_leaves(seen["shared"]):
     np.testing.assert_allclose(leaf, -0.3 / (0.1 * 2), rtol=1e-6)
   for a, b in zip(jax.tree_util.tree_leaves(seen["params"]),
@@ -485,6 +493,40 @@ def test_update_cell_attacks_the_rescaled_client_update(monkeypatch):
   np.testing.assert_allclose(seen["x"], images[pick] / 255.0, rtol=1e-6)
   np.testing.assert_array_equal(seen["y"], labels[pick])
   assert out["labels"] == labels[pick].tolist()
+
+
+@pytest.mark.parametrize("partition", ["noniid", "iid"])
+def test_update_cells_attack_the_clients_the_training_had(monkeypatch,
+                                                          partition):
+  """The attacked client's examples are the training's: same split size
+  (max_train_examples), same partition (the update cells built the full
+  split's non-IID partition whatever the training used)."""
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, (120, 28, 28, 1), dtype=np.uint8)
+  labels = np.arange(120, dtype=np.int64) % 10
+
+  def fake_load(name, split, data_dir=None, *, max_examples=None, **kw):
+    del name, data_dir, kw
+    n = max_examples or len(labels)
+    return (images[:n], labels[:n]) if split == "train" else (
+        images[:10], labels[:10])
+
+  monkeypatch.setattr(data_lib, "load", fake_load)
+  monkeypatch.setattr(data_lib, "load_with_source",
+                      lambda *a, **k: (*fake_load(*a, **k), "synthetic"))
+  tc = training.default_config()
+  tc.update(dict(dataset="mnist", max_train_examples=80, partition=partition,
+                 num_clients=4, classes_per_client=2, samples_per_class=5,
+                 samples_per_client=20, seed=3))
+  clients, _, _ = training.build_data(tc)
+  got_images, got_labels, idx = tradeoff._client_data(tc, "")  # pylint: disable=protected-access
+  for c in range(4):
+    n = int(np.sum(np.asarray(clients.mask[c]) > 0))
+    np.testing.assert_array_equal(
+        data_lib.to_float(got_images[np.asarray(idx[c])]),
+        np.asarray(clients.x[c][:n]))
+    np.testing.assert_array_equal(got_labels[np.asarray(idx[c])],
+                                  np.asarray(clients.y[c][:n]))
 
 
 def test_every_defense_at_a_strong_setting_degrades_the_best_attack():
@@ -602,6 +644,56 @@ def _fake_flops(monkeypatch, flops, features=1):
   """Forward FLOPs by model key from ``flops`` (no model is compiled)."""
   monkeypatch.setattr(cost, "_forward_flops", lambda key: flops[key])
   monkeypatch.setattr(cost, "_num_features", lambda key: features)
+
+
+def test_train_cell_past_the_middle_without_its_snapshot_starts_again(
+    tmp_path, monkeypatch):
+  """A run folder with a checkpoint past the middle but no mid snapshot (a
+  run that kept none, or a copied folder) is trained again from round 0,
+  so the mid update attack has its parameters; with the snapshot, the
+  second leg resumes."""
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  monkeypatch.setattr(training, "latest_checkpoint_round",
+                      lambda d: 30 if os.path.isdir(d) and os.listdir(d)
+                      else None)
+  legs = []
+
+  def fake_train(config, panel, defense, strength, folder, upto):
+    del config, panel, defense, strength
+    legs.append(upto)
+    os.makedirs(folder, exist_ok=True)
+    state = types.SimpleNamespace(params={"w": np.ones(2, np.float32)})
+    return {"state": state, "diverged_at_round": None,
+            "metrics": [{"round": upto, "test_accuracy": 0.5}]}
+
+  monkeypatch.setattr(tradeoff, "_train", fake_train)
+  panel = types.SimpleNamespace(
+      train_config=ml_collections.ConfigDict({"rounds": 50}))
+  config = ml_collections.ConfigDict({"accuracy_window": 1})
+  (run_dir / "ckpt").write_text("round 30")  # Past the middle, no snapshot.
+  tradeoff.train_cell(config, panel, "soteria", 60.0, str(run_dir), True)
+  assert legs == [25, 50]
+  assert {"params_mid.msgpack", "params_final.msgpack"} <= set(
+      os.listdir(run_dir))
+  legs.clear()  # Now with its mid snapshot: only the second leg runs.
+  tradeoff.train_cell(config, panel, "soteria", 60.0, str(run_dir), True)
+  assert legs == [50]
+
+
+def test_cell_costs_leave_out_cells_that_did_less_work():
+  """A skipped update attack or a training run stopped by divergence took
+  less than its planned work: its seconds would lower the rates."""
+  config = tradeoff_cfg.get_config("tiny")
+  cells = [c for c in sweep.plan(config) if c["kind"] in ("train", "update")]
+  train = next(c for c in cells if c["kind"] == "train")
+  update = next(c for c in cells if c["kind"] == "update")
+  done = {"cell_seconds": 5.0}
+  costs = cost.cell_costs(config, [
+      (train, done), (train, {**done, "diverged_at_round": 1}),
+      (update, done), (update, {**done, "skipped": "training diverged"})])
+  assert [(c["kind"], c["seconds"]) for c in costs] == [("train", 5.0),
+                                                        ("update", 5.0)]
 
 
 def test_cost_rates_budgets_and_unit_prices_by_hand():

@@ -93,10 +93,14 @@ def work(config, cell: dict[str, Any]) -> float:
 
 def cell_costs(config, cells: Sequence[tuple[dict, dict]]) -> list[dict]:
   """``[{model, kind, family, work, seconds, cpu}]`` of finished cells
-  (``cpu``: the CPU model the cell ran on; None where not recorded)."""
+  (``cpu``: the CPU model the cell ran on; None where not recorded). Cells
+  that did less than their planned work (a skipped update attack, a
+  training run stopped by divergence) are left out: they would lower the
+  rates."""
   out = []
   for cell, result in cells:
-    if "cell_seconds" not in result:
+    if ("cell_seconds" not in result or "skipped" in result or
+        result.get("diverged_at_round") is not None):
       continue
     out.append({"model": model_key(config, cell["panel"]),
                 "kind": cell["kind"], "family": family(cell["defense"]),

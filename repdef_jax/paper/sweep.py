@@ -82,7 +82,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.give_labels = True
   c.train = settings.federated_setting("paper", log_every=5,
                                        max_test_examples=2000)
-  c.accuracy_window = 5  # evaluations (every log_every rounds)
+  c.accuracy_window = 5  # last rounds (the test set is scored every round)
   c.update_attack = ml_collections.ConfigDict(dict(
       cells=ml_collections.ConfigDict({"none": (0.0,),
                                        "soteria": (40.0, 80.0),

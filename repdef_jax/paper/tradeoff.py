@@ -18,6 +18,7 @@ the last layer for small batches).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -32,10 +33,8 @@ import ml_collections
 import numpy as np
 
 from repdef_jax import data as data_lib
-from repdef_jax import defenses as defenses_lib
 from repdef_jax import fedavg
 from repdef_jax import models as models_lib
-from repdef_jax import partition as partition_lib
 from repdef_jax import storage
 from repdef_jax import training
 from repdef_jax.paper import batched
@@ -126,7 +125,13 @@ def train_cell(config, panel: _Panel, defense: str, strength: float,
   for stage, upto in zip(("mid", "final")[-len(legs):], legs):
     if stage == "mid" and (training.latest_checkpoint_round(run_dir) or
                            0) > upto:
-      continue  # Killed in the second leg: resume that leg, not the first.
+      if os.path.exists(_snapshot_path(run_dir, "mid")):
+        continue  # Killed in the second leg: resume that leg, not the first.
+      # Past the middle with no mid snapshot (a run that kept none, or a
+      # copied folder): train again from round 0 (same seed, same numbers).
+      logging.warning("%s: no mid snapshot past round %d; retraining.",
+                      run_dir, upto)
+      shutil.rmtree(run_dir, ignore_errors=True)
     result = _train(config, panel, defense, strength, run_dir, upto)
     if snapshots and result.get("diverged_at_round") is None:
       storage.write_bytes(_snapshot_path(run_dir, stage),
@@ -176,42 +181,58 @@ def attack_cell(config, panel: _Panel, defense: str,
       for i in range(n)]}
 
 
+# The training settings that decide the clients' data (training.build_data).
+_DATA_KEYS = ("dataset", "max_train_examples", "partition", "num_clients",
+              "classes_per_client", "samples_per_class", "samples_per_client",
+              "dirichlet_alpha", "seed")
+
+
+def _client_data(tc: ml_collections.ConfigDict, data_dir: str):
+  """Training split and client indices exactly as the panel's training."""
+  return _client_data_cached(
+      tuple((k, tc.get(k)) for k in _DATA_KEYS), data_dir)
+
+
 @functools.lru_cache(maxsize=8)
-def _client_data(dataset: str, data_dir: str, num_clients: int,
-                 classes: int, samples: int, seed: int):
-  images, labels = data_lib.load(dataset, "train", data_dir or None)
-  idx = partition_lib.noniid(labels, num_clients=num_clients,
-                             classes_per_client=classes,
-                             samples_per_class=samples, seed=seed)
+def _client_data_cached(settings: tuple, data_dir: str):
+  tc = ml_collections.ConfigDict(dict(settings))
+  images, labels = data_lib.load(tc.dataset, "train", data_dir or None,
+                                 max_examples=tc.max_train_examples or None)
+  idx = training.client_indices(tc, labels,
+                                data_lib.get_info(tc.dataset).num_classes)
   return images, np.asarray(labels, np.int32), idx
 
 
 def update_cell(config, panel: _Panel, defense: str, strength: float,
                 stage: str, run_dir: str) -> dict[str, Any]:
   """The attack suite on a client's real update at a training stage."""
-  tc, ua = panel.train_config, config.update_attack
+  ua = config.update_attack
+  tc = training.default_config()  # As train_and_evaluate completes it.
+  tc.update(panel.train_config.to_dict())
   rounds = {"first": 0, "mid": tc.rounds // 2, "final": tc.rounds}[stage]
   if stage == "first":
     params = panel.params0
   else:
     path = _snapshot_path(run_dir, stage)
-    if not os.path.exists(path):
+    if not os.path.exists(path):  # Only divergence leaves no snapshot.
       return {"skipped": f"training diverged before the {stage} stage"}
     with open(path, "rb") as f:
       params = flax.serialization.from_bytes(panel.params0, f.read())
-  images, labels, idx = _client_data(
-      tc.dataset, config.data_dir, tc.num_clients, tc.classes_per_client,
-      tc.samples_per_class, panel.seed)
+  images, labels, idx = _client_data(tc, config.data_dir)
   # The attacked client: drawn per (seed, stage) from the data stream.
   stage_key = jax.random.fold_in(panel.keys.data, rounds)
   cid = int(jax.random.randint(stage_key, (), 0, len(idx)))
   pick = np.asarray(idx[cid])[:ua.batch]
   x = data_lib.to_float(images[pick])
   y = labels[pick]
-  d = defenses_lib.get_defense(defense, strength, model=panel.model)
-  lr = float(tc.client_lr)
-  fcfg = fedavg.FedAvgConfig(local_steps=ua.local_steps, batch_size=ua.batch,
-                             client_lr=lr, defense=d, defense_at="step")
+  # The training's client settings (defense and its score, l2, learning
+  # rate, where the defense sits), on the attacked batch's local steps.
+  c = ml_collections.ConfigDict(tc.to_dict())
+  c.defense, c.defense_strength = defense, float(strength)
+  fcfg = dataclasses.replace(
+      training.build_fedavg_config(c, panel.model),
+      local_steps=ua.local_steps, local_epochs=0, batch_size=ua.batch)
+  lr = float(tc.client_lr)  # Rescales the update to a gradient's size.
   run_keys = fedavg.key_streams(panel.seed)
   train_key, noise_key = fedavg.client_keys(run_keys, jnp.int32(rounds), cid)
   delta, info = jax.jit(functools.partial(
