@@ -227,10 +227,9 @@ def update_cell(config, panel: _Panel, defense: str, strength: float,
   y = labels[pick]
   # The training's client settings (defense and its score, l2, learning
   # rate, where the defense sits), on the attacked batch's local steps.
-  c = ml_collections.ConfigDict(tc.to_dict())
-  c.defense, c.defense_strength = defense, float(strength)
+  tc.defense, tc.defense_strength = defense, float(strength)
   fcfg = dataclasses.replace(
-      training.build_fedavg_config(c, panel.model),
+      training.build_fedavg_config(tc, panel.model),
       local_steps=ua.local_steps, local_epochs=0, batch_size=ua.batch)
   lr = float(tc.client_lr)  # Rescales the update to a gradient's size.
   run_keys = fedavg.key_streams(panel.seed)
