@@ -681,6 +681,27 @@ def test_train_cell_past_the_middle_without_its_snapshot_starts_again(
   assert legs == [50]
 
 
+def test_a_skipped_update_cell_is_attacked_again_once_its_snapshot_exists(
+    tmp_path):
+  """An update cell stored as "training diverged" is forgotten when the
+  stage's snapshot exists (the run was retrained); one whose snapshot is
+  still missing, or that ran, is kept."""
+  store = harness.CellStore(str(tmp_path / "cells"))
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  store.put("mid", {"skipped": "training diverged before the mid stage"})
+  store.put("final", {"skipped": "training diverged before the final stage"})
+  store.put("ran", {"client": 0})
+  (run_dir / "params_mid.msgpack").write_bytes(b"x")
+  (run_dir / "params_final.msgpack").write_bytes(b"x")
+  for name, stage in (("mid", "mid"), ("ran", "final")):
+    tradeoff._drop_if_skipped_but_trained(store, name, str(run_dir), stage)  # pylint: disable=protected-access
+  assert store.get("mid") is None and store.get("ran") == {"client": 0}
+  os.remove(run_dir / "params_final.msgpack")
+  tradeoff._drop_if_skipped_but_trained(store, "final", str(run_dir), "final")  # pylint: disable=protected-access
+  assert store.get("final") is not None
+
+
 def test_cell_costs_leave_out_cells_that_did_less_work():
   """A skipped update attack or a training run stopped by divergence took
   less than its planned work: its seconds would lower the rates."""

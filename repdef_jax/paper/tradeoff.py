@@ -287,6 +287,18 @@ def _drop_if_snapshots_lost(store: harness.CellStore, name: str,
   os.remove(store.path(name))
 
 
+def _drop_if_skipped_but_trained(store: harness.CellStore, name: str,
+                                 run_dir: str, stage: str) -> None:
+  """Forgets an update cell stored as skipped ("training diverged") whose
+  snapshot exists now (a run retrained after losing it, or one that an
+  earlier version resumed past its middle without the mid snapshot)."""
+  done = store.get(name)
+  if (done is not None and "skipped" in done and stage != "first" and
+      os.path.exists(_snapshot_path(run_dir, stage))):
+    logging.warning("%s: its snapshot exists now; attacking again.", name)
+    os.remove(store.path(name))
+
+
 def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
   """Runs (or reads) every planned cell; yields ``(cell, result)``."""
   store = harness.CellStore(os.path.join(workdir, "cells"))
@@ -311,6 +323,8 @@ def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
     elif cell["kind"] == "attack":
       fn = functools.partial(attack_cell, config, panel, d, s)
     else:
+      _drop_if_skipped_but_trained(store, sweep.cell_name(cell), run_dir,
+                                   cell["stage"])
       fn = functools.partial(update_cell, config, panel, d, s, cell["stage"],
                              run_dir)
     yield cell, store.get_or_run(sweep.cell_name(cell), fn, progress,
