@@ -295,8 +295,8 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
   return {"title": "Mean SSIM [95 % interval over seeds] ([0,1] pixels) and "
                    "verdict; 'pruned %': share of the active (non-zero) "
                    "features whose gradient rows the defense zeroed, mean "
-                   "over the row's images; columns: the panel's plain, *_drop, *_mask "
-                   "attack and the best of them",
+                   "over the row's images; columns: the panel's plain, "
+                   "*_drop, *_mask attack and the best of them",
           "header": ["panel", "stage", "variant", "rate %", "pruned %",
                      "attacks", "plain", "drop", "mask",
                      "best"][:6 + width],
