@@ -76,6 +76,14 @@ def check_percent(percent: Any, name: str = "percent") -> None:
     raise ValueError(f"{name} must be a number in [0, 100], got {percent!r}.")
 
 
+def _check_chunk(chunk: Any, name: str = "chunk") -> None:
+  """Raises a ValueError unless ``chunk`` is None or an int >= 1."""
+  if chunk is not None and (not isinstance(chunk, int) or
+                            isinstance(chunk, bool) or chunk < 1):
+    raise ValueError(f"{name} must be a positive int or None, got "
+                     f"{chunk!r}.")
+
+
 def _check_choice(value: str, choices: Sequence[str], name: str) -> None:
   if value not in choices:
     raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}.")
@@ -129,8 +137,7 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
   num_features = out.shape[0]
   jacobian = resolve_jacobian(jacobian, num_features, math.prod(x.shape[1:]))
 
-  if chunk is not None and chunk < 1:
-    raise ValueError(f"chunk must be a positive int or None, got {chunk}.")
+  _check_chunk(chunk)
   chunked = jacobian == "rev" and chunk is not None and chunk < num_features
 
   def one(xi):
@@ -185,9 +192,7 @@ def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
   post = lambda zz: model.top_post(params, zz)
   r = post(z)
   b, f = r.shape
-  if chunk is not None and (isinstance(chunk, bool) or not isinstance(
-      chunk, (int, np.integer)) or chunk < 1):
-    raise ValueError(f"chunk must be a positive int or None, got {chunk!r}.")
+  _check_chunk(chunk)
   c = auto_chunk(b, f) if chunk is None else int(chunk)
   c = min(c, f)
   n = -(-f // c)
@@ -674,11 +679,7 @@ def soteria(model: models_lib.Model,
     if not (math.isfinite(eps) and eps >= 0):
       raise ValueError(f"eps must be a finite number >= 0 (or None for "
                        f"model.score_eps), got {eps!r}.")
-  if jacobian_chunk is not None and (
-      not isinstance(jacobian_chunk, int) or isinstance(jacobian_chunk, bool)
-      or jacobian_chunk < 1):
-    raise ValueError(f"jacobian_chunk must be a positive int or None, got "
-                     f"{jacobian_chunk!r}.")
+  _check_chunk(jacobian_chunk, "jacobian_chunk")
   if jacobian_conv_impl is not None:
     _check_choice(jacobian_conv_impl, models_lib.CONV_IMPLS,
                   "jacobian_conv_impl")

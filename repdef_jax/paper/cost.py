@@ -255,11 +255,7 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
   missing = []
   if reference is None:
     reference = config.get("cost_reference") or ""
-  if reference:
-    found = _find(reference)
-    if found is None:
-      missing.append(reference)
-    reference = found
+  reference = _find(reference, missing)
   ref = storage.read_json(reference) if reference else None
   costs += (ref or {}).get("cell_costs", [])
   rate = rates(costs)
@@ -267,10 +263,7 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
     units = config.get("unit_costs_reference") or ""
   unit = units
   if isinstance(units, str):
-    found = _find(units) if units else None
-    if units and found is None:
-      missing.append(units)
-    units = found
+    units = _find(units, missing)
     unit = (storage.read_json(units) or {}).get("unit_costs") if units else None
   done = {sweep.cell_name(c) for c, _ in finished}
 
@@ -313,16 +306,20 @@ def estimate(config, cells: Sequence[dict], workdir: str | None,
           "missing": missing}
 
 
-def _find(path: str) -> str | None:
+def _find(path: str, missing: list[str]) -> str | None:
   """``path`` from the current folder, else (relative) from the checkout
-  holding this package; None when neither exists (e.g. an installed wheel,
-  which ships no ``docs/``)."""
-  if os.path.exists(path):
-    return path
+  holding this package; None for '' and when neither exists (e.g. an
+  installed wheel, which ships no ``docs/``: then ``path`` joins
+  ``missing``)."""
+  if not path or os.path.exists(path):
+    return path or None
   root = os.path.dirname(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__))))
   alt = os.path.join(root, path)
-  return alt if not os.path.isabs(path) and os.path.exists(alt) else None
+  if not os.path.isabs(path) and os.path.exists(alt):
+    return alt
+  missing.append(path)
+  return None
 
 
 def render(est: dict[str, Any]) -> str:
