@@ -245,6 +245,23 @@ def test_panels_only_runs_a_subset_that_shares_the_whole_runs_cells():
     sweep.select_panels(config)
 
 
+def test_cell_settings_leave_out_what_a_cell_does_not_read():
+  base = tradeoff_cfg.get_config("medium")
+  changed = tradeoff_cfg.get_config("medium")
+  changed.num_images += 1
+  changed.train.log_every += 1
+  changed.train.checkpoint_every += 1
+  cells = {c["kind"]: c for c in sweep.plan(base)}
+  same = {k: tradeoff.cell_settings(base, c) == tradeoff.cell_settings(
+      changed, c) for k, c in cells.items()}
+  # The round-0 attacks read the number of images; training and the
+  # update attacks do not, and progress lines and checkpoints change nothing.
+  assert same == {"train": True, "attack": False, "update": True}
+  changed.update_attack.batch += 1
+  assert (tradeoff.cell_settings(base, cells["update"])
+          != tradeoff.cell_settings(changed, cells["update"]))
+
+
 def test_panel_config_overrides_the_shared_training():
   """A panel's own training settings win over the shared ``train`` block;
   what it does not set comes from the shared block."""

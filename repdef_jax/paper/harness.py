@@ -430,14 +430,31 @@ def merge_budgets(base: dict[str, dict], own: dict[str, dict] | None
   return out
 
 
+# Settings that change no result wherever they sit in a config (progress
+# lines, plots, how often checkpoints are written and how many are kept,
+# the processes of a distributed run): a cell's settings leave them out.
+RUNTIME_LEAVES = frozenset({"log_every", "plot", "checkpoint_every",
+                            "checkpoints_to_keep", "coordinator_address",
+                            "num_processes", "process_id"})
+
+
+def _without_runtime(d: Any) -> Any:
+  if not isinstance(d, dict):
+    return d
+  return {k: _without_runtime(v) for k, v in d.items()
+          if k not in RUNTIME_LEAVES}
+
+
 def cell_settings(config: Any, drop: Sequence[str] = (),
                   panel: str | None = None) -> dict[str, Any]:
   """What a sweep's cells depend on: ``config`` as a JSON-ready dict without
-  ``data_dir`` and ``drop`` (keys, dotted for nested ones, that enumerate
-  cells, e.g. ``seeds``, or only shape the analysis, e.g. a threshold), and
-  ``panels`` narrowed to ``panel`` when given, so a sweep can grow (more
-  seeds, rates, panels) without touching its finished cells."""
-  d = jsonable(config.to_dict() if hasattr(config, "to_dict") else config)
+  ``data_dir``, :data:`RUNTIME_LEAVES` and ``drop`` (keys, dotted for nested
+  ones, that enumerate cells, e.g. ``seeds``, or only shape the analysis,
+  e.g. a threshold), and ``panels`` narrowed to ``panel`` when given, so a
+  sweep can grow (more seeds, rates, panels) without touching its finished
+  cells."""
+  d = _without_runtime(
+      jsonable(config.to_dict() if hasattr(config, "to_dict") else config))
   for key in ("data_dir", *drop):
     *parents, leaf = key.split(".")
     node = d
@@ -450,10 +467,15 @@ def cell_settings(config: Any, drop: Sequence[str] = (),
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-  """Dotted paths where two JSON-ready values differ."""
+  """Dotted paths where the JSON-ready ``new`` differs from ``old``.
+
+  A key only ``old`` has is not a difference: the current code no longer
+  counts it among a cell's dependencies (e.g. a runtime setting that older
+  versions recorded), so it cannot have changed the result.
+  """
   if isinstance(old, dict) and isinstance(new, dict):
-    return [p for k in sorted(set(old) | set(new))
-            for p in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [p for k in sorted(new)
+            for p in _differences(old.get(k), new[k], f"{prefix}{k}.")]
   return [] if old == new else [f"{prefix[:-1] or 'settings'}: {old!r} -> "
                                 f"{new!r}"]
 

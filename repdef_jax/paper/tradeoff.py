@@ -253,11 +253,13 @@ def cell_settings(config, cell: dict[str, Any]) -> dict[str, Any]:
   """What a planned cell depends on (:func:`harness.cell_settings`): a
   training cell its panel's training (and whether it keeps the snapshots the
   update attacks read), a round-0 attack cell its panel's attacks, an update
-  cell both; so a longer attack budget keeps every finished training run."""
+  cell both but the number of round-0 images; so a longer attack budget
+  keeps every finished training run."""
   panel = cell["panel"]
   drop = ANALYSIS_KEYS + {
       "train": ATTACK_KEYS + (f"panels.{panel}.attacks",),
-      "attack": TRAIN_KEYS + (f"panels.{panel}.train",)}.get(cell["kind"], ())
+      "attack": TRAIN_KEYS + (f"panels.{panel}.train",),
+      "update": ("num_images",)}[cell["kind"]]
   out = harness.cell_settings(config, drop, panel)
   if cell["kind"] == "train":
     out["snapshots"] = ((cell["defense"], cell["strength"]) in
