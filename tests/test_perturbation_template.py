@@ -47,7 +47,10 @@ def test_perturbation_contract(setup, name, strength):
   scale2, _ = fn(ctx, strength)
   np.testing.assert_array_equal(scale, scale2)                  # deterministic
   scale3 = jax.jit(lambda s: fn(ctx, s)[0])(strength)
-  np.testing.assert_array_equal(scale, scale3)                  # jit == eager
+  # jit == eager up to XLA's float rewrites (q0's 0/1 mask is exact).
+  np.testing.assert_allclose(scale, scale3, rtol=1e-6, atol=1e-7)
+  if name == "q0":
+    np.testing.assert_array_equal(scale, scale3)
   if strength == 0.0:
     np.testing.assert_array_equal(scale, np.ones(f))            # identity
   else:  # A positive strength perturbs, and more of it at 100 than at 30.
@@ -61,7 +64,8 @@ def test_perturbation_contract(setup, name, strength):
                           jax.tree_util.tree_leaves(out)):
     keys = tuple(k.key for k in path)
     if keys == ("head", "kernel"):
-      np.testing.assert_array_equal(
-          np.asarray(b), np.asarray(a) * np.asarray(scale)[:, None])
+      np.testing.assert_allclose(
+          np.asarray(b), np.asarray(a) * np.asarray(scale)[:, None],
+          rtol=1e-6, atol=1e-7)
     else:
       np.testing.assert_array_equal(a, b)

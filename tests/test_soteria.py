@@ -393,6 +393,39 @@ def test_get_defense_registry():
     D.get_defense("soteria", 10, model=odd)
 
 
+def test_a_registered_perturbation_is_checked_by_name(monkeypatch):
+  """A new norm's mistakes get one line naming it, not a JAX traceback."""
+  model = models.get_model("mlp", (4, 4, 1), hidden=(8,))
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (2, 4, 4, 1))
+  y = jnp.array([0, 1])
+  g = gradients.batch_grad(model, params, x, y)
+  batch = base.ClientBatch(params, x, y)
+  ones = lambda ctx: jnp.ones_like(ctx.scores)
+  returns = {
+      "scale_only": (lambda ctx, s: ones(ctx),
+                     r"returned one array of shape \(8,\)"),
+      "a_list": (lambda ctx, s: ([1.0] * 8, {}), "row_scale is list"),
+      "wrong_size": (lambda ctx, s: (jnp.ones(3), {}), r"row_scale is \(3,\)"),
+      "vector_info": (lambda ctx, s: (ones(ctx), {"v": ctx.scores}),
+                      r"info entries \['v'\] are not scalars"),
+  }
+  for name, (fn, match) in returns.items():
+    monkeypatch.setitem(S.PERTURBATIONS, name, fn)
+    with pytest.raises(ValueError, match=rf"perturbation '{name}' must "
+                       rf"return \(row_scale, info\).*{match}"):
+      S.soteria(model, 10, q=name)
+  monkeypatch.setitem(S.PERTURBATIONS, "fine", lambda ctx, s: (ones(ctx), {}))
+  S.soteria(model, 10, q="fine")(g, batch, jax.random.key(0))
+  for bad in ("abc", True, float("nan"), [1.0]):
+    with pytest.raises(ValueError, match=r"percent \(the strength of "
+                       r"perturbation 'fine'\) must be a finite real"):
+      S.soteria(model, bad, q="fine")
+  for bad in (2, "", None):
+    with pytest.raises(ValueError, match="name must be a non-empty string"):
+      S.register_perturbation(bad)
+
+
 # --------------------------------------------------------------------------
 # Known-answer tests of the pieces (mutation audit): no model, tiny shapes.
 

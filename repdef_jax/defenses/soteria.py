@@ -76,6 +76,52 @@ def check_percent(percent: Any, name: str = "percent") -> None:
     raise ValueError(f"{name} must be a number in [0, 100], got {percent!r}.")
 
 
+def _check_strength(strength: Any, qname: str) -> None:
+  """Raises a ValueError unless ``strength`` is a finite real number (a
+  traced value passes); q0 also needs it in [0, 100]."""
+  if qname == "q0":
+    check_percent(strength)
+    return
+  if isinstance(strength, jax.core.Tracer):
+    return
+  try:
+    ok = (not isinstance(strength, (str, bytes, bool, np.bool_))
+          and np.ndim(strength) == 0 and math.isfinite(float(strength)))
+  except (TypeError, ValueError):
+    ok = False
+  if not ok:
+    raise ValueError(f"percent (the strength of perturbation {qname!r}) must "
+                     f"be a finite real number, got {strength!r}.")
+
+
+def _check_perturbation(perturb: Perturbation, qname: str, strength: Any,
+                        num_features: int, selection: str) -> None:
+  """Raises a ValueError naming the perturbation unless it returns ``(row
+  scale [F], dict of scalars)`` (checked on abstract inputs, host side)."""
+  vec = jax.ShapeDtypeStruct((num_features,), jnp.float32)
+  per_example = jax.ShapeDtypeStruct((1, num_features), jnp.float32)
+  out = jax.eval_shape(
+      lambda s, r, n, w, a: perturb(
+          PerturbationInputs(s, r, n, w, a, selection), strength),
+      vec, per_example, per_example, jax.ShapeDtypeStruct((1,), jnp.float32),
+      jax.ShapeDtypeStruct((num_features,), jnp.bool_))
+  want = (f"perturbation {qname!r} must return (row_scale, info): an array "
+          f"of shape ({num_features},) and a dict of scalars")
+  if not (isinstance(out, tuple) and len(out) == 2):
+    got = (f"one array of shape {out.shape}" if hasattr(out, "shape")
+           else type(out).__name__)
+    raise ValueError(f"{want}; it returned {got}.")
+  scale, info = out
+  if not hasattr(scale, "shape") or tuple(scale.shape) != (num_features,):
+    raise ValueError(f"{want}; its row_scale is "
+                     f"{getattr(scale, 'shape', type(scale).__name__)}.")
+  if not isinstance(info, dict):
+    raise ValueError(f"{want}; its info is {type(info).__name__}.")
+  bad = [k for k, v in info.items() if getattr(v, "ndim", None) != 0]
+  if bad:
+    raise ValueError(f"{want}; info entries {bad} are not scalars.")
+
+
 def _check_chunk(chunk: Any, name: str = "chunk") -> None:
   """Raises a ValueError unless ``chunk`` is None or an int >= 1."""
   if chunk is not None and (not isinstance(chunk, int) or
@@ -578,6 +624,10 @@ PERTURBATIONS: dict[str, Perturbation] = {}
 def register_perturbation(name: str) -> Callable[[Perturbation], Perturbation]:
   """Decorator registering a perturbation under ``name`` (e.g. 'q2')."""
 
+  if not isinstance(name, str) or not name:
+    raise ValueError(f"name must be a non-empty string (the q of "
+                     f"soteria(q=...)), got {name!r}.")
+
   def deco(fn: Perturbation) -> Perturbation:
     if name in PERTURBATIONS:
       raise ValueError(f"A perturbation named {name!r} is already registered.")
@@ -667,8 +717,7 @@ def soteria(model: models_lib.Model,
   _check_choice(selection, SELECTIONS, "selection")
   _check_choice(jacobian, JACOBIAN_MODES, "jacobian")
   qname = _resolve_q(q)
-  if qname == "q0":
-    check_percent(percent)
+  _check_strength(percent, qname)
   if eps is None:
     eps = model.score_eps
   else:
@@ -683,8 +732,10 @@ def soteria(model: models_lib.Model,
   if jacobian_conv_impl is not None:
     _check_choice(jacobian_conv_impl, models_lib.CONV_IMPLS,
                   "jacobian_conv_impl")
-  defended_layer(jax.eval_shape(model.init, jax.random.key(0)), model)
+  head = defended_layer(jax.eval_shape(model.init, jax.random.key(0)), model)
   perturb = PERTURBATIONS[qname]
+  _check_perturbation(perturb, qname, percent, head["kernel"].shape[0],
+                      selection)
   jac_model = (model if jacobian_conv_impl is None
                else model.with_conv_impl(jacobian_conv_impl))
 
