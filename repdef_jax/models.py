@@ -808,6 +808,12 @@ def get_model(name: str,
     raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
   cls, activation, fc_layers = _MODULES[name]
   own = ("num_classes", "init_scheme", "conv_impl", "parent", "name")
+  fields = {f.name for f in dataclasses.fields(cls)}
+  if not issubclass(cls, _Classifier) or not set(own) <= fields:
+    raise ValueError(
+        f"Model {name!r}: its module {cls.__name__} must subclass "
+        "repdef_jax.models._Classifier and have the fields num_classes, "
+        "init_scheme and conv_impl (docs/design.md, 'A model').")
   accepted = [f.name for f in dataclasses.fields(cls)
               if f.init and f.name not in own]
   unknown = sorted(set(kwargs) - set(accepted))
@@ -832,7 +838,17 @@ def get_model(name: str,
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"Model {name!r} cannot take images of shape "
                      f"{input_shape}: {e}") from e
-  if model.num_features <= 0 or out.shape != (1, num_classes):
+  if out.shape != (1, num_classes):
+    raise ValueError(f"Model {name!r} gives logits of shape {out.shape} for "
+                     f"one image; expected (1, {num_classes}).")
+  head = jax.eval_shape(model.init, jax.random.key(0))
+  for key in model.defended_path:
+    head = head.get(key, {}) if isinstance(head, dict) else {}
+  if jnp.ndim(head.get("kernel")) != 2:
+    raise ValueError(f"Model {name!r} has no Dense layer named "
+                     f"{'/'.join(model.defended_path)!r} (the defended "
+                     "layer, which must compute the logits).")
+  if head["kernel"].shape[0] <= 0:
     raise ValueError(f"Model {name!r} cannot take images of shape "
                      f"{input_shape} (empty representation).")
   return model

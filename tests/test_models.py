@@ -273,6 +273,58 @@ def test_bad_inputs_name_the_argument():
     model.apply(params, jnp.zeros((1, 28, 28, 1)))
 
 
+def test_a_new_model_that_misses_the_recipe_is_named(monkeypatch):
+  """docs/design.md's recipe for a model, each mistake one line."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+
+  class Plain(nn.Module):  # A flax module ending in 'head', nothing more.
+    num_classes: int = 10
+    init_scheme: str = "default"
+    conv_impl: str = "auto"
+
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(self.num_classes, name="head")(x.reshape(len(x), -1))
+
+  class Fields(models._Classifier):  # pylint: disable=protected-access
+    num_classes: int = 10
+
+  def classifier(head_name, logits):
+    class Tiny(models._Classifier):  # pylint: disable=protected-access
+      num_classes: int = 10
+      init_scheme: str = "default"
+      conv_impl: str = "auto"
+      identity_bottom = True
+
+      def setup(self):
+        self.head = nn.Dense(logits, name=head_name)
+
+      def top_pre(self, h):
+        return h
+
+      def top_post(self, z):
+        return z.reshape(z.shape[0], -1)
+    return Tiny
+
+  cases = {
+      "plain": (Plain, "must subclass repdef_jax.models._Classifier"),
+      "fields": (Fields, "have the fields num_classes, init_scheme and "
+                 "conv_impl"),
+      "renamed": (classifier("out", 10),
+                  "has no Dense layer named 'head'"),
+      "logits": (classifier("head", 3),
+                 r"gives logits of shape \(1, 3\) for one image; expected "
+                 r"\(1, 10\)"),
+  }
+  for name, (cls, match) in cases.items():
+    monkeypatch.setitem(models._MODULES, name, (cls, "relu", ("head",)))  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match=f"Model '{name}'.*{match}"):
+      models.get_model(name, (4, 4, 1))
+  monkeypatch.setitem(models._MODULES, "tiny",  # pylint: disable=protected-access
+                      (classifier("head", 10), "relu", ("head",)))
+  assert models.get_model("tiny", (4, 4, 1)).num_features == 16
+
+
 @pytest.mark.parametrize("h,w,cin,stride,padding,k", [
     (28, 28, 1, 2, 2, 5), (14, 14, 12, 2, 2, 5), (7, 7, 12, 1, 2, 5),
     (9, 10, 2, 2, 2, 5), (10, 10, 3, 2, 1, 5), (11, 11, 3, 3, 3, 5),
