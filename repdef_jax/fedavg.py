@@ -186,6 +186,8 @@ class FedAvgConfig:
                        f"{self.local_steps}.")
     if self.batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {self.batch_size}.")
+    if self.defense is not None:
+      defenses_base.check_is_defense(self.defense)
     if self.defense_at not in DEFENSE_AT:
       raise ValueError(f"defense_at must be one of {DEFENSE_AT}, got "
                        f"{self.defense_at!r}.")
@@ -546,6 +548,13 @@ def make_round(model: models_lib.Model,
     The round function.
   """
   config.validate()
+  if config.defense is not None:
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    b = config.batch_size
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    defenses_base.check_contract(config.defense, params, defenses_base.ClientBatch(
+        params, f32(b, *model.input_shape),
+        jax.ShapeDtypeStruct((b,), jnp.int32), f32(b)))
   k = config.clients_per_round
   mesh = client_mesh(mesh if jit or not isinstance(mesh, str) else None, k)
   n_shards = 1 if mesh is None else mesh.shape[CLIENTS_AXIS]

@@ -333,6 +333,29 @@ def test_bad_inputs_raise(model):
       fedavg.make_eval_data(np.zeros((5, 4, 4, 1)), np.zeros(5), bad)
 
 
+def test_a_defense_that_breaks_the_contract_is_named(model):
+  """make_round checks the defense on abstract values: one line naming it,
+  not an AttributeError or a broadcasting error from inside the round."""
+  per_example = lambda g, b, k: (g, {"n": jnp.sum(b.x, (1, 2, 3))})
+  cases = {
+      (lambda g, b, k: (g, {})): "must be a repdef_jax Defense",
+      "dp_gaussian": "must be a repdef_jax Defense",
+      defenses_base.Defense("a", lambda g, b, k: g): "defense 'a' must "
+      r"return \(grads, info\).*it returned dict",
+      defenses_base.Defense("b", lambda g, b, k: (g, None)): "its info is "
+      "NoneType",
+      defenses_base.Defense("c", per_example): r"info entries \['n'\] are "
+      "not scalars",
+      defenses_base.Defense("d", lambda g, b, k: ({"w": 0.0}, {})): "its "
+      "grads differ from the input's",
+  }
+  for defense, match in cases.items():
+    with pytest.raises(ValueError, match=match):
+      fedavg.make_round(model, fedavg.FedAvgConfig(defense=defense))
+  fedavg.make_round(model, fedavg.FedAvgConfig(
+      defense=defenses_base.Defense("ok", lambda g, b, k: (g, {"s": 1.0}))))
+
+
 def test_theorem2_schedule_matches_formula():
   mu, big_l, steps = 0.01, 0.5, 5
   gamma = max(8 * big_l / mu, steps)

@@ -105,6 +105,40 @@ def chain(*defenses: Defense) -> Defense:
   return Defense("+".join(d.name for d in defenses), apply)
 
 
+def check_is_defense(defense: Any) -> None:
+  """Raises a ValueError unless ``defense`` is a :class:`Defense`."""
+  if not isinstance(defense, Defense):
+    raise ValueError(
+        "defense must be a repdef_jax Defense (e.g. repdef_jax.defenses."
+        "get_defense('soteria', 60, model=model)), got "
+        f"{type(defense).__name__}.")
+
+
+def check_contract(defense: Any, grads: Params, batch: ClientBatch) -> None:
+  """Raises a ValueError naming ``defense`` unless it is a :class:`Defense`
+  whose ``apply`` returns ``(grads of the same structure and shapes, dict
+  of scalars)``; checked on abstract values (``jax.eval_shape``: nothing
+  runs), for callers that build a jitted program around it.
+  """
+  check_is_defense(defense)
+  out = jax.eval_shape(
+      lambda g, b: defense.apply(g, b, jax.random.key(0)), grads, batch)
+  want = (f"defense {defense.name!r} must return (grads, info): the "
+          "gradient tree with its shapes and a dict of scalars")
+  if not (isinstance(out, tuple) and len(out) == 2):
+    raise ValueError(f"{want}; it returned {type(out).__name__}.")
+  shapes = lambda t: jax.tree_util.tree_map(jnp.shape, t)
+  if (jax.tree_util.tree_structure(out[0]) !=
+      jax.tree_util.tree_structure(grads) or shapes(out[0]) != shapes(grads)):
+    raise ValueError(f"{want}; its grads differ from the input's in "
+                     "structure or shapes.")
+  if not isinstance(out[1], dict):
+    raise ValueError(f"{want}; its info is {type(out[1]).__name__}.")
+  bad = [k for k, v in out[1].items() if jnp.ndim(v) != 0]
+  if bad:
+    raise ValueError(f"{want}; info entries {bad} are not scalars.")
+
+
 def zeros_info_like(defense: Defense, grads: Params,
                     batch: ClientBatch) -> Info:
   """An info dict of zeros with the structure ``defense`` returns.
