@@ -326,6 +326,12 @@ CASES = [
     Case("defenses.get_defense: dp_sgd noise -1",
          lambda e: defenses.get_defense("dp_sgd", -1.0, model=e["model"]),
          match="noise_multiplier"),
+    Case("defense call: an int key",
+         lambda e: defenses.get_defense("dp_gaussian", 0.1)(
+             e["grads"], defenses.ClientBatch(e["params"], e["x"], e["y"]),
+             0),
+         match=r"key must be one PRNG key \(jax.random.key\(seed\)\); "
+         "got 0"),
     Case("defenses.get_defense: unknown keyword",
          lambda e: defenses.get_defense("soteria", 50, model=e["model"],
                                         bogus=1),

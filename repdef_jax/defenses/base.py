@@ -73,7 +73,21 @@ class Defense(NamedTuple):
 
   def __call__(self, grads: Params, batch: ClientBatch,
                key: jax.Array) -> tuple[Params, Info]:
+    check_key(key)
     return jax.jit(self.apply)(grads, batch, key)
+
+
+def check_key(key: Any) -> None:
+  """Raises a ValueError unless ``key`` is one PRNG key: a typed key
+  (``jax.random.key``) or a raw ``uint32`` one (``jax.random.PRNGKey``)."""
+  if isinstance(key, jax.core.Tracer):
+    return
+  dtype, shape = getattr(key, "dtype", None), jnp.shape(key)
+  if dtype is None or not (
+      (jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()) or
+      (dtype == jnp.uint32 and len(shape) == 1)):
+    raise ValueError("key must be one PRNG key (jax.random.key(seed)); got "
+                     f"{key!r}.")
 
 
 def identity() -> Defense:
