@@ -39,6 +39,7 @@ from repdef_jax import models
 from repdef_jax import partition
 from repdef_jax import schedules
 from repdef_jax import training
+from repdef_jax.attacks import repinfer
 from repdef_jax.defenses import soteria
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -429,7 +430,12 @@ CASES = [
          lambda e: _attack(e, labels=[1, 2]),
          match="labels must be integer class ids of shape"),
     Case("attack: unknown config field", lambda e: _attack(e, bogus=3),
-         error=TypeError, match="bogus"),
+         error=TypeError, match=r"Unknown setting\(s\) bogus for attack "
+         r"'dlg'; DLGConfig has .*outer_steps"),
+    Case("repinfer.infer_classes: the whole update tree",
+         lambda e: repinfer.infer_classes(e["grads"]),
+         match=r"expected one Dense layer's update .*got a dict with keys "
+         r"\['conv0'"),
     Case("attack: config of the wrong attack",
          lambda e: _attack(e, config=attacks.GSConfig()),
          match="takes a DLGConfig"),

@@ -92,12 +92,20 @@ class Attack(NamedTuple):
     Raises:
       ValueError: a config of another class, or a user setting that
         contradicts one the variant fixes.
+      TypeError: an override that is no field of the config (the message
+        lists them).
     """
     config = config if config is not None else self.config_cls()
     if not isinstance(config, self.config_cls):
       raise ValueError(f"Attack {self.name!r} takes a "
                        f"{self.config_cls.__name__}, got "
                        f"{type(config).__name__}.")
+    fields = [f.name for f in dataclasses.fields(self.config_cls)]
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+      raise TypeError(f"Unknown setting(s) {', '.join(unknown)} for attack "
+                       f"{self.name!r}; {self.config_cls.__name__} has "
+                       f"{', '.join(fields)}.")
     config = dataclasses.replace(config, **overrides)
     default = self.config_cls()
     for path, want in self.fixed.items():

@@ -74,6 +74,11 @@ CLASS_RULES = ("norm", "sign")
 def _kernel(update: Any) -> jax.Array:
   """The ``[in, out]`` kernel of a Dense update given as a dict or array."""
   if isinstance(update, Mapping):
+    if "kernel" not in update:
+      raise ValueError(
+          "expected one Dense layer's update (a dict with 'kernel' [in, out], "
+          "e.g. update['head'], or the kernel itself); got a dict with keys "
+          f"{sorted(update)}.")
     return update["kernel"]
   return update
 
