@@ -436,6 +436,10 @@ CASES = [
          lambda e: repinfer.infer_classes(e["grads"]),
          match=r"expected one Dense layer's update .*got a dict with keys "
          r"\['conv0'"),
+    Case("attack: a flax module as the model",
+         lambda e: attacks.get_attack("dlg")(
+             e["model"].module, e["params"], e["grads"], 1, e["key"]),
+         match=r"model must be a repdef_jax Model \(repdef_jax.get_model"),
     Case("attack: config of the wrong attack",
          lambda e: _attack(e, config=attacks.GSConfig()),
          match="takes a DLGConfig"),
