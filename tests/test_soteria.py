@@ -63,7 +63,8 @@ def test_chunked_jacobian_equals_full_jacobian():
   model, params, x, _ = _setup("lenet", (8, 8, 3), b=3)
   fn = model.feature_fn(params)
   r, jac = S.features_and_jacobian(fn, x)
-  for chunk in (5, 7, 1000):  # 5 and 7 do not divide F = 48 / pad the basis.
+  # 5 and 7 do not divide F = 48 / pad the basis; a NumPy integer is one.
+  for chunk in (5, np.int64(7), 1000):
     r_c, jac_c = jax.jit(lambda x, c=chunk: S.features_and_jacobian(
         fn, x, chunk=c))(x)
     np.testing.assert_allclose(r_c, r, rtol=1e-6)

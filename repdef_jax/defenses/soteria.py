@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import fractions
 import math
+import numbers
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -123,9 +124,10 @@ def _check_perturbation(perturb: Perturbation, qname: str, strength: Any,
 
 
 def _check_chunk(chunk: Any, name: str = "chunk") -> None:
-  """Raises a ValueError unless ``chunk`` is None or an int >= 1."""
-  if chunk is not None and (not isinstance(chunk, int) or
-                            isinstance(chunk, bool) or chunk < 1):
+  """Raises a ValueError unless ``chunk`` is None or an integer >= 1 (NumPy
+  integers included, bools not)."""
+  if chunk is not None and (not isinstance(chunk, numbers.Integral) or
+                            isinstance(chunk, (bool, np.bool_)) or chunk < 1):
     raise ValueError(f"{name} must be a positive int or None, got "
                      f"{chunk!r}.")
 
@@ -184,6 +186,7 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
   jacobian = resolve_jacobian(jacobian, num_features, math.prod(x.shape[1:]))
 
   _check_chunk(chunk)
+  chunk = None if chunk is None else int(chunk)
   chunked = jacobian == "rev" and chunk is not None and chunk < num_features
 
   def one(xi):
