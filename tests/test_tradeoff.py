@@ -245,7 +245,7 @@ def test_panels_only_runs_a_subset_that_shares_the_whole_runs_cells():
     sweep.select_panels(config)
 
 
-def test_cell_settings_leave_out_what_a_cell_does_not_read():
+def test_cell_settings_leave_out_what_a_cell_does_not_read(tmp_path):
   base = tradeoff_cfg.get_config("medium")
   changed = tradeoff_cfg.get_config("medium")
   changed.num_images += 1
@@ -260,6 +260,15 @@ def test_cell_settings_leave_out_what_a_cell_does_not_read():
   changed.update_attack.batch += 1
   assert (tradeoff.cell_settings(base, cells["update"])
           != tradeoff.cell_settings(changed, cells["update"]))
+  # A removed override (the panel's rounds fall back to the shared
+  # training's) is a difference for the stored cell, not a key to ignore.
+  store = harness.CellStore(str(tmp_path))
+  train = cells["train"]
+  store.put("t", {"acc": 0.9, "settings": tradeoff.cell_settings(base, train)})
+  del changed.panels[train["panel"]].train["rounds"]
+  with pytest.raises(ValueError, match=r"train\.rounds: \d+ -> None"):
+    store.get_or_run("t", dict, None, tradeoff.cell_settings(changed, train),
+                     drop=tradeoff.cell_drops(train))
 
 
 def test_panel_config_overrides_the_shared_training():

@@ -445,6 +445,20 @@ def _without_runtime(d: Any) -> Any:
           if k not in RUNTIME_LEAVES}
 
 
+def strip(settings: Any, drop: Sequence[str] = ()) -> Any:
+  """``settings`` (a JSON-ready dict) without :data:`RUNTIME_LEAVES` at any
+  depth and without ``drop`` (keys, dotted for nested ones)."""
+  d = _without_runtime(settings)
+  for key in drop:
+    *parents, leaf = key.split(".")
+    node = d
+    for p in parents:
+      node = node.get(p, {}) if isinstance(node, dict) else {}
+    if isinstance(node, dict):
+      node.pop(leaf, None)
+  return d
+
+
 def cell_settings(config: Any, drop: Sequence[str] = (),
                   panel: str | None = None) -> dict[str, Any]:
   """What a sweep's cells depend on: ``config`` as a JSON-ready dict without
@@ -453,29 +467,18 @@ def cell_settings(config: Any, drop: Sequence[str] = (),
   e.g. a threshold), and ``panels`` narrowed to ``panel`` when given, so a
   sweep can grow (more seeds, rates, panels) without touching its finished
   cells."""
-  d = _without_runtime(
-      jsonable(config.to_dict() if hasattr(config, "to_dict") else config))
-  for key in ("data_dir", *drop):
-    *parents, leaf = key.split(".")
-    node = d
-    for p in parents:
-      node = node.get(p, {})
-    node.pop(leaf, None)
+  d = strip(jsonable(config.to_dict() if hasattr(config, "to_dict")
+                     else config), ("data_dir", *drop))
   if panel is not None:
     d["panels"] = {panel: d["panels"][panel]}
   return d
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-  """Dotted paths where the JSON-ready ``new`` differs from ``old``.
-
-  A key only ``old`` has is not a difference: the current code no longer
-  counts it among a cell's dependencies (e.g. a runtime setting that older
-  versions recorded), so it cannot have changed the result.
-  """
+  """Dotted paths where two JSON-ready values differ."""
   if isinstance(old, dict) and isinstance(new, dict):
-    return [p for k in sorted(new)
-            for p in _differences(old.get(k), new[k], f"{prefix}{k}.")]
+    return [p for k in sorted(set(old) | set(new))
+            for p in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]
   return [] if old == new else [f"{prefix[:-1] or 'settings'}: {old!r} -> "
                                 f"{new!r}"]
 
@@ -508,8 +511,15 @@ class CellStore:
 
   def get_or_run(self, name: str, fn: Callable[[], dict],
                  progress: "Progress | None" = None,
-                 settings: dict[str, Any] | None = None) -> dict:
+                 settings: dict[str, Any] | None = None,
+                 drop: Sequence[str] = ()) -> dict:
     """The stored cell ``name``, or ``fn()`` run, stored and returned.
+
+    ``settings`` (from :func:`cell_settings`) are compared with the stored
+    cell's after :func:`strip` with ``drop`` (the keys ``settings`` left
+    out): a cell stored by a version that still recorded them (runtime
+    settings, a key the cell does not read) is reused; any other key
+    present on one side only is a difference.
 
     Raises:
       ValueError: the stored cell was computed with other ``settings``.
@@ -517,7 +527,7 @@ class CellStore:
     settings = jsonable(settings or {})
     cached = self.get(name)
     if cached is not None:
-      diff = (_differences(cached["settings"], settings)
+      diff = (_differences(strip(cached["settings"], drop), settings)
               if "settings" in cached else
               ["none recorded (an older repdef_jax)"] if settings else [])
       if diff:

@@ -249,18 +249,24 @@ def update_cell(config, panel: _Panel, defense: str, strength: float,
           **{k: float(v) for k, v in info.items() if k.startswith("defense/")}}
 
 
-def cell_settings(config, cell: dict[str, Any]) -> dict[str, Any]:
-  """What a planned cell depends on (:func:`harness.cell_settings`): a
-  training cell its panel's training (and whether it keeps the snapshots the
-  update attacks read), a round-0 attack cell its panel's attacks, an update
-  cell both but the number of round-0 images; so a longer attack budget
-  keeps every finished training run."""
+def cell_drops(cell: dict[str, Any]) -> tuple[str, ...]:
+  """The config keys a planned cell does not depend on: a training cell
+  the attacks, a round-0 attack cell the training, an update cell the
+  number of round-0 images (and every cell the analysis keys)."""
   panel = cell["panel"]
-  drop = ANALYSIS_KEYS + {
+  return ANALYSIS_KEYS + {
       "train": ATTACK_KEYS + (f"panels.{panel}.attacks",),
       "attack": TRAIN_KEYS + (f"panels.{panel}.train",),
       "update": ("num_images",)}[cell["kind"]]
-  out = harness.cell_settings(config, drop, panel)
+
+
+def cell_settings(config, cell: dict[str, Any]) -> dict[str, Any]:
+  """What a planned cell depends on (:func:`harness.cell_settings` less
+  :func:`cell_drops`; a training cell also whether it keeps the snapshots
+  the update attacks read), so a longer attack budget keeps every finished
+  training run."""
+  panel = cell["panel"]
+  out = harness.cell_settings(config, cell_drops(cell), panel)
   if cell["kind"] == "train":
     out["snapshots"] = ((cell["defense"], cell["strength"]) in
                         set(sweep.update_strengths(config)))
@@ -330,7 +336,8 @@ def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
       fn = functools.partial(update_cell, config, panel, d, s, cell["stage"],
                              run_dir)
     yield cell, store.get_or_run(sweep.cell_name(cell), fn, progress,
-                                 cell_settings(config, cell))
+                                 cell_settings(config, cell),
+                                 drop=cell_drops(cell))
 
 
 # --------------------------------------------------------------------------
