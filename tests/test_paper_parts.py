@@ -252,6 +252,29 @@ def test_adaptive_undefended_divergence_fails_and_half_success_decides():
   assert gs["verdict"] == "holds"
 
 
+def test_adaptive_gives_no_interval_over_one_seeds_images():
+  """gs diverged on every defended image of seed 1: its SSIM keeps seed 0's
+  mean but no interval (one seed's images are not seeds), so no verdict."""
+  undefended = _adaptive_images([(0.99, 0.99, 0.99)] * 2)
+  defended = {0: _adaptive_images([(0.05, 0.9, 0.9), (0.06, 0.9, 0.9)]),
+              1: _adaptive_images([(0.9, 0.9, 0.9)] * 2,
+                                  diverged={(0, "gs"), (1, "gs")})}
+  cells = []
+  for seed in (0, 1):
+    base = {"panel": "p", "seed": seed, "stage": "init"}
+    cells += [({**base, "variant": "none", "rate": 0.0},
+               {"images": undefended}),
+              ({**base, "variant": "reference", "rate": 80.0},
+               {"images": defended[seed]})]
+  (row,) = [r for r in adaptive.analyse(_adaptive_config(), cells)
+            if r["variant"] != "none"]
+  gs = row["attacks"]["gs"]
+  assert gs["ssim"]["mean"] == pytest.approx(0.055)
+  assert gs["ssim"]["low"] is None and gs["mse_clamped"]["low"] is None
+  assert gs["verdict"] == "inconclusive"
+  assert row["attacks"]["gs_drop"]["ssim"]["low"] is not None
+
+
 def test_adaptive_claim_shares_over_applicable_cells_only():
   """The summary share leaves out the cells whose suite fails undefended."""
   cells = []
@@ -433,6 +456,14 @@ def test_visual_summary_counts_diverged_runs_as_failures():
     a = point["per_attack"][name]
     assert a["success_rate"] == pytest.approx(2 / 4), name
     assert a["diverged"] == 1 and a["ssim"]["n"] == 3
+    assert a["ssim"]["low"] is not None  # Both seeds keep values.
+  # Seed 1's runs all diverged: seed 0's two images give a mean, no
+  # interval (they are not seeds).
+  cells = [{"seed": 0, "images": [image(0.9, False), image(0.95, False)]},
+           {"seed": 1, "images": [image(0.8, True), image(0.1, True)]}]
+  a = visual.summarize(config, "none", 0.0, cells)["per_attack"]["gs"]
+  assert a["ssim"]["mean"] == pytest.approx(0.925)
+  assert a["ssim"]["low"] is None and a["mse_clamped"]["high"] is None
 
 
 def test_visual_paper_attack_is_judged_by_its_own_undefended_success():

@@ -618,6 +618,48 @@ def test_committed_tables_give_every_mean_its_interval_over_seeds():
   assert one_seed > 0  # The run has such cells (DLG at Soteria 95 %).
 
 
+def test_holds_claim_and_ratios_give_no_interval_over_one_seeds_images():
+  """Every attack diverged on seed 1's images at Soteria 60 %: the "accuracy
+  holds" MSE and the ratios that use that point keep their value but get
+  no interval, so the claim cannot be decided on seed 0's images alone."""
+  def image(seed, mse, diverged=False):
+    m = {"mse": mse, "mse_clamped": mse, "ssim": 0.1, "psnr": 10.0,
+         "diverged": diverged}
+    return {"seed": seed, "attacks": {"gs": m},
+            "best": {"all_diverged": True} if diverged else dict(m)}
+  train = [{"accuracy": 0.9}, {"accuracy": 0.9}]
+  config = ml_collections.ConfigDict({"thresholds": (0.2,)})
+  none = tradeoff.summarize_point(train, [image(s, 0.1) for s in (0, 0, 1, 1)],
+                                  ("gs",), 0.6)
+  sot = tradeoff.summarize_point(
+      train, [image(0, 0.90), image(0, 0.91), image(0, 0.92),
+              image(1, 0.0, True), image(1, 0.0, True)], ("gs",), 0.6)
+  comp = tradeoff.summarize_point(
+      train,
+      [image(s, v) for s, v in ((0, .01), (0, .012), (1, .011), (1, .013))],
+      ("gs",), 0.6)
+  panel = tradeoff.analyse_panel({("none", 0.0): none, ("soteria", 60.0): sot,
+                                  ("compression", 90.0): comp}, config)
+  holds = panel["accuracy_holds"][0]["mse"]
+  assert holds["mean"] == pytest.approx(0.91) and holds["groups"] == 1
+  assert holds["low"] is None and holds["high"] is None
+  ratio = panel["ratios"]["compression"]["mse_clamped"]
+  assert ratio["at_first_protective"][0]["value"] > 1
+  assert ratio["at_first_protective"][0]["low"] is None
+  assert ratio["curve"]["median"]["n"] == 1
+  assert ratio["curve"]["median"]["low"] is None
+  # With both seeds kept the same analysis gives intervals.
+  both = tradeoff.summarize_point(
+      train, [image(s, v) for s, v in ((0, .9), (0, .91), (1, .92), (1, .9))],
+      ("gs",), 0.6)
+  panel = tradeoff.analyse_panel({("none", 0.0): none, ("soteria", 60.0): both,
+                                  ("compression", 90.0): comp}, config)
+  assert panel["accuracy_holds"][0]["mse"]["low"] is not None
+  ratio = panel["ratios"]["compression"]["mse_clamped"]
+  assert ratio["at_first_protective"][0]["low"] is not None
+  assert ratio["curve"]["median"]["low"] is not None
+
+
 def test_summarize_point_gives_no_interval_over_one_seeds_images():
   """An attack that diverged on every image of two of three seeds keeps its
   mean but no interval; the best-of, from all three seeds, keeps both."""

@@ -233,8 +233,10 @@ def analyse(config: ml_collections.ConfigDict,
                    e["attacks"][name]["mse_clamped"]) for e in images
              if not (e["best"].get("all_diverged") if name is None else
                      e["attacks"][name]["diverged"])]
-      summary = batched.summary(vals, seeds)
-      entry = {"ssim": summary, "mse_clamped": batched.summary(mse, seeds),
+      every = [e.get("seed") for e in images]
+      summary = batched.summary(vals, seeds, every)
+      entry = {"ssim": summary,
+               "mse_clamped": batched.summary(mse, seeds, every),
                "diverged": diverged, "undefended_success_rate": success,
                "verdict": ("undefended" if variant == "none" else verdict(
                    summary, success, config.unrecognisable))}

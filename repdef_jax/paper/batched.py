@@ -151,16 +151,22 @@ def image_keys(keys: harness.SweepKeys, indices: Sequence[int]
 
 
 def summary(values: Sequence[float],
-            seeds: Sequence[Any] | None = None) -> dict[str, Any]:
+            seeds: Sequence[Any] | None = None,
+            all_seeds: Sequence[Any] = ()) -> dict[str, Any]:
   """Mean with its Student-t 95 % interval, median and n of finite values.
 
   With ``seeds`` (the seed of each value) the interval is over the seeds'
   means (:func:`repdef_jax.paper.stats.mean_ci`); ``groups`` counts them.
+  ``all_seeds``: the seed of every sample, those left out of ``values``
+  (diverged attacks) included; when they span two or more seeds and the
+  values only one, there is no interval (:func:`stats.seeds_lost`).
   """
   v = [float(x) for x in values]
   m = stats.mean_ci(v, groups=seeds)
+  lost = seeds is not None and stats.seeds_lost(all_seeds, m["groups"])
   finite = [x for x in v if np.isfinite(x)]
-  out = {"mean": m["mean"], "low": m["low"], "high": m["high"], "n": m["n"],
+  out = {"mean": m["mean"], "low": None if lost else m["low"],
+         "high": None if lost else m["high"], "n": m["n"],
          "median": float(np.median(finite)) if finite else None}
   if seeds is not None:
     out["groups"] = m["groups"]

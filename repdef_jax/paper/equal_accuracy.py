@@ -84,12 +84,23 @@ def _seeds(point: Point, metric: str) -> list[Any] | None:
       else None
 
 
+def _seeds_lost(point: Point, metric: str) -> bool:
+  """Whether ``point``'s samples keep one seed of the two or more its
+  images had (``all_seeds``): its interval would be over images."""
+  seeds = _seeds(point, metric)
+  return seeds is not None and stats.seeds_lost(
+      point.get("all_seeds"), len({str(s) for s in seeds}))
+
+
 def ratio_ci(num: Point, den: Point, metric: str) -> dict[str, Any]:
   """:func:`repdef_jax.paper.stats.ratio_ci` of two points' samples, each
-  resampled by seed."""
-  return stats.ratio_ci(num[metric], den[metric],
-                        numerator_groups=_seeds(num, metric),
-                        denominator_groups=_seeds(den, metric))
+  resampled by seed (no interval when either kept a single seed's)."""
+  out = stats.ratio_ci(num[metric], den[metric],
+                       numerator_groups=_seeds(num, metric),
+                       denominator_groups=_seeds(den, metric))
+  if _seeds_lost(num, metric) or _seeds_lost(den, metric):
+    out = {**out, "low": None, "high": None}
+  return out
 
 
 def _median_ratio_ci(pairs: list[tuple[Point, Point]], metric: str,
@@ -116,8 +127,10 @@ def _median_ratio_ci(pairs: list[tuple[Point, Point]], metric: str,
     m = {key: draw().mean() for key, draw in draws.items()}
     boot[i] = np.median([m[id(a)] / max(m[id(b)], 1e-300) for a, b in pairs])
   lo, hi = np.quantile(boot, [0.025, 0.975])
-  return {"value": value, "low": float(lo), "high": float(hi),
-          "n": len(pairs)}
+  if any(_seeds_lost(p, metric) for p in cells.values()):
+    lo = hi = None
+  return {"value": value, "low": None if lo is None else float(lo),
+          "high": None if hi is None else float(hi), "n": len(pairs)}
 
 
 def ratio_curve(soteria: Sequence[Point], baseline: Sequence[Point],

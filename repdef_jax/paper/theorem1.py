@@ -150,11 +150,12 @@ def analyse_panel(config: ml_collections.ConfigDict, name: str,
     for a in attacks:
       kept = [e for e in entries if not e["attacks"][a]["diverged"]]
       ms, ss = [e["attacks"][a] for e in kept], [e["seed"] for e in kept]
+      every = [e["seed"] for e in entries]
       row[a] = {"distance": batched.summary([float(m["distance"]) for m in ms],
-                                            ss),
+                                            ss, every),
                 "empirical_bound": batched.summary(
-                    [m["empirical_bound"] for m in ms], ss),
-                "ssim": batched.summary([m["ssim"] for m in ms], ss),
+                    [m["empirical_bound"] for m in ms], ss, every),
+                "ssim": batched.summary([m["ssim"] for m in ms], ss, every),
                 "diverged": len(entries) - len(ms)}
     out["rates"].append(row)
   for a in attacks:

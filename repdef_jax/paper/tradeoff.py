@@ -363,20 +363,6 @@ def _samples(entries: Sequence[dict], attack: str | None, metric: str
           [seed for m, seed in kept if m is not None])
 
 
-def _metric_summary(values: Sequence[float],
-                    seeds: Sequence[Any] | None = None,
-                    all_seeds: Sequence[Any] = ()) -> dict[str, Any]:
-  """Mean, interval over seeds and median; ``all_seeds``: the seeds of every
-  image, diverged ones included (no interval when they span two or more
-  seeds and the values only one)."""
-  m = stats.mean_ci(values, groups=seeds)
-  if seeds is not None and stats.seeds_lost(all_seeds, m["groups"]):
-    m = {**m, "low": None, "high": None}
-  return {"mean": m["mean"], "low": m["low"], "high": m["high"], "n": m["n"],
-          "median": float(np.median(values)) if len(values) else None,
-          **({"groups": m["groups"]} if seeds is not None else {})}
-
-
 def success_rate(entries: Sequence[dict], attack: str | None,
                  success_ssim: float) -> float | None:
   """Share of the images an attack reconstructs (SSIM >= ``success_ssim``);
@@ -415,11 +401,12 @@ def summarize_point(train: list[dict], attack_images: list[dict],
            "images": len(attack_images)}
   for metric in PRIVACY_METRICS:
     point[metric], point["seeds"] = _samples(attack_images, None, metric)
-  per = {}
   every_seed = [e.get("seed") for e in attack_images]
+  point["all_seeds"] = every_seed
+  per = {}
   for name in (None, *attacks):
     per[name or "best"] = {
-        **{m: _metric_summary(*_samples(attack_images, name, m), every_seed)
+        **{m: batched.summary(*_samples(attack_images, name, m), every_seed)
            for m in PRIVACY_METRICS},
         "success_rate": success_rate(attack_images, name, success_ssim),
         "diverged": sum(_kept(e, name) is None for e in attack_images)}
@@ -458,9 +445,9 @@ def analyse_panel(points: dict[tuple[str, float], dict], config
     if drop["dropped"] == 0 and drop["mean"] is not None and (
         drop["mean"] <= 0.01):
       holds.append({"strength": p["strength"], "accuracy_drop": drop,
-                    "mse": _metric_summary(p["mse"], p.get("seeds")),
-                    "mse_clamped": _metric_summary(p["mse_clamped"],
-                                                   p.get("seeds"))})
+                    **{m: batched.summary(p[m], p.get("seeds"),
+                                          p.get("all_seeds", ()))
+                       for m in ("mse", "mse_clamped")}})
   out["accuracy_holds"] = holds
   return out
 

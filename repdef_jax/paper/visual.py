@@ -92,11 +92,12 @@ def summarize(config: ml_collections.ConfigDict, defense: str,
           for e in images]
     ok = [(m, seed) for m, seed in ms
           if not (m.get("all_diverged") or m.get("diverged"))]
-    seeds = [seed for _, seed in ok]
+    seeds, every = [seed for _, seed in ok], [seed for _, seed in ms]
     out["per_attack"][name or "best"] = {
-        "ssim": batched.summary([float(m["ssim"]) for m, _ in ok], seeds),
+        "ssim": batched.summary([float(m["ssim"]) for m, _ in ok], seeds,
+                                every),
         "mse_clamped": batched.summary([float(m["mse_clamped"])
-                                        for m, _ in ok], seeds),
+                                        for m, _ in ok], seeds, every),
         "success_rate": (float(np.mean([m["ssim"] >= config.success_ssim
                                         for m, _ in ok] + [False] * (
                                             len(ms) - len(ok))))
