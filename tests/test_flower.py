@@ -191,6 +191,42 @@ def test_defense_mod_equals_update_defense_and_composes_with_clipping(fl):
       np.asarray(full["head"]["kernel"]) * clip / full_norm, atol=1e-7)
 
 
+def test_defense_mod_reads_arrays_by_key_and_names_what_is_missing(fl):
+  """A server whose ArrayRecord lists the arrays in another order gets the
+  same defended reply; Soteria in a mod given no load_data says so."""
+  from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict  # pylint: disable=g-import-not-at-top
+  model = models.get_model("mlp", (28, 28, 1), 10, hidden=(8,))
+  x, y, mask = _clients(1, 4, seed=4)
+  load = _loader(fl, x, y, mask)
+  soteria = defenses.get_defense("soteria", 50.0, model=model)
+  plain = fedavg.FedAvgConfig(local_steps=1, batch_size=4, client_lr=0.1)
+  params = model.init(jax.random.key(5))
+
+  def train(app, arrays):
+    grid = fl.InProcessGrid(app, 1)  # Before the message (its run id).
+    message = Message(RecordDict({
+        "arrays": arrays, "config": ConfigRecord({"server-round": 1})}),
+                      dst_node_id=2, message_type=MessageType.TRAIN)
+    [r] = grid.send_and_receive([message])
+    return r
+
+  app = fl.make_client_app(model, plain, load, mods=[
+      fl.defense_mod(soteria, model=model, load_data=load)])
+  arrays = fl.to_arrays(params)
+  reordered = ArrayRecord({k: arrays[k] for k in reversed(arrays.keys())})
+  assert list(reordered.keys()) != list(arrays.keys())
+  a, b = train(app, arrays), train(app, reordered)
+  assert not a.has_error() and not b.has_error(), b.error
+  assert _max_diff(fl.from_arrays(a.content["arrays"], params),
+                   fl.from_arrays(b.content["arrays"], params)) == 0.0
+  blind = fl.make_client_app(model, plain, load, mods=[
+      fl.defense_mod(soteria, model=model)])
+  r = train(blind, arrays)
+  assert r.has_error()
+  assert ("defense 'soteria' failed on an update given without load_data="
+          in r.error.reason), r.error.reason
+
+
 def test_defense_mod_draws_the_clients_noise_key_and_counts_real_examples(fl):
   """A noisy update defense in the mod draws what the client draws inside
   (fedavg.client_keys of round - 1 and the partition id): node 3 is
@@ -269,8 +305,17 @@ def test_bad_flower_inputs_fail_clearly(fl):
   model = models.get_model("logreg", (28, 28, 1), 10)
   with pytest.raises(ValueError, match="Unknown attack 'nope'; valid attacks:"):
     fl.AuditingFedAvg(model, "nope", client_lr=0.1)
-  with pytest.raises(ValueError, match="client_lr must be > 0"):
-    fl.AuditingFedAvg(model, "dlg", client_lr=0.0)
+  for bad in (0.0, "0.1", True, float("nan")):
+    with pytest.raises(ValueError, match="client_lr must be a finite number "
+                       "> 0"):
+      fl.AuditingFedAvg(model, "dlg", client_lr=bad)
+  for bad in (0, -1, 1.5):
+    with pytest.raises(ValueError, match="max_audits_per_round must be an "
+                       "int >= 1 or None"):
+      fl.AuditingFedAvg(model, "dlg", client_lr=0.1,
+                        max_audits_per_round=bad)
+  with pytest.raises(ValueError, match="defense must be a repdef_jax Defense"):
+    fl.defense_mod("soteria", model=model)
   params = model.init(jax.random.key(0))
   with pytest.raises(ValueError, match="do not match the model's parameters"):
     fl.from_arrays(fl.to_arrays({"head": {"kernel": np.zeros((784, 10))}}),

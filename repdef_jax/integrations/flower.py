@@ -49,6 +49,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import numbers
 import os
 import uuid
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -330,10 +332,13 @@ def defense_mod(defense: defenses_base.Defense, *,
   Returns:
     ``mod(message, context, call_next) -> Message``.
   """
+  defenses_base.check_is_defense(defense)
   template = (None if model is None else
               jax.eval_shape(model.init, jax.random.key(0)))
   keys = fedavg.key_streams(seed)
   apply = jax.jit(defense.apply)
+  missing = " and ".join(arg for arg, value in (
+      ("load_data=", load_data), ("model=", model)) if value is None)
 
   def as_tree(record):
     if template is not None:
@@ -348,9 +353,10 @@ def defense_mod(defense: defenses_base.Defense, *,
     if reply.has_error():
       return reply
     name, returned = _only(reply.content.array_records, "ArrayRecord", reply)
-    if list(returned.keys()) != list(sent.keys()):
+    if set(returned.keys()) != set(sent.keys()):
       raise ValueError("defense_mod: the reply's arrays are not keyed like "
-                       "the ones sent.")
+                       f"the ones sent ({sorted(returned.keys())} for "
+                       f"{sorted(sent.keys())}).")
     params, local = as_tree(sent), as_tree(returned)
     update = jax.tree_util.tree_map(jnp.subtract, local, params)
     if load_data is None:
@@ -362,9 +368,14 @@ def defense_mod(defense: defenses_base.Defense, *,
     try:
       defended, info = apply(
           update, defenses_base.ClientBatch(params, x, y, mask), nk)
-    except (TypeError, AttributeError) as e:
-      raise ValueError(f"defense {defense.name!r} needs the client's data "
-                       "(pass load_data=) or the model (model=).") from e
+    except (TypeError, AttributeError, ValueError) as e:
+      if not missing:
+        raise
+      first = (str(e).splitlines() or [type(e).__name__])[0]
+      raise ValueError(
+          f"defense {defense.name!r} failed on an update given without "
+          f"{missing} (Soteria and DP-SGD need the client's data and the "
+          f"model): {first}") from e
     if _no_examples(mask, reply):
       defended = jax.tree_util.tree_map(jnp.zeros_like, defended)
     new = jax.tree_util.tree_map(jnp.add, params, defended)
@@ -432,13 +443,23 @@ class AuditingFedAvg(FedAvg):
       **fedavg_kwargs: ``FedAvg``'s arguments (``fraction_train`` ...).
 
     Raises:
-      ValueError: unknown attack (lists the valid ones) or client_lr <= 0.
+      ValueError: unknown attack (lists the valid ones), a client_lr that is
+        not a finite number > 0, or max_audits_per_round < 1.
     """
     if attack not in AUDIT_ATTACKS:
       raise ValueError(f"Unknown attack {attack!r}; valid attacks: "
                        f"{', '.join(AUDIT_ATTACKS)}.")
-    if not client_lr > 0:
-      raise ValueError(f"client_lr must be > 0, got {client_lr!r}.")
+    if (isinstance(client_lr, (bool, np.bool_)) or
+        not isinstance(client_lr, numbers.Real) or
+        not (math.isfinite(client_lr) and client_lr > 0)):
+      raise ValueError(f"client_lr must be a finite number > 0, got "
+                       f"{client_lr!r}.")
+    if max_audits_per_round is not None and (
+        isinstance(max_audits_per_round, bool) or
+        not isinstance(max_audits_per_round, numbers.Integral) or
+        max_audits_per_round < 1):
+      raise ValueError(f"max_audits_per_round must be an int >= 1 or None "
+                       f"(every update), got {max_audits_per_round!r}.")
     super().__init__(**fedavg_kwargs)
     self.model, self.attack = model, attack
     self.client_lr = float(client_lr)
