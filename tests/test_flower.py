@@ -442,6 +442,50 @@ def test_audit_divides_the_update_by_lr_times_local_steps(fl, monkeypatch,
   assert _max_diff(grads, expected) < 1e-5
 
 
+def _example_app():
+  """The example app's modules and its default run config."""
+  import tomllib  # pylint: disable=g-import-not-at-top
+  app_dir = os.path.join(_ROOT, "examples", "flower_app")
+  if app_dir not in sys.path:
+    sys.path.insert(0, app_dir)
+  from repdef_flower_app import server_app, task  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(app_dir, "pyproject.toml"), "rb") as f:
+    cfg = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+  return server_app, task, cfg
+
+
+def test_example_app_refuses_bad_run_config_and_untrained_rounds(fl):
+  """A run-config typo stops the ServerApp before the first round, naming
+  the key; a run in which no client trained raises instead of printing the
+  untrained model's accuracy."""
+  from flwr.clientapp import ClientApp  # pylint: disable=g-import-not-at-top
+  server_app, task, cfg = _example_app()
+  task.check(cfg)
+  for key, value, match in (
+      ("defense-at", "foo", r"run-config defense-at must be one of "
+       r"\('step', 'update', 'mod'\), got 'foo'"),
+      ("fraction-train", 2.0, r"run-config fraction-train must be in "
+       r"\(0, 1\], got 2.0"),
+      ("defense", "Soteria", "run-config defense / defense-strength: "
+       "Unknown defense name 'Soteria'"),
+      ("model", "resnet", "run-config dataset / model: Unknown model name"),
+      ("local-steps", 0, "run-config local-steps / batch-size / lr: "
+       "local_steps must be >= 1")):
+    with pytest.raises(ValueError, match=match):
+      task.check({**cfg, key: value})
+  broken = ClientApp()
+
+  @broken.train()
+  def train(message, context):
+    raise RuntimeError("this client cannot train")
+
+  run = {**cfg, "num-server-rounds": 1, "attack": "none", "sample-data": True,
+         "max-test-examples": 20}
+  with pytest.raises(RuntimeError, match=r"no client returned a training "
+                     r"update in round\(s\) \[1\]"):
+    fl.run_in_process(server_app.app, broken, 2, run_config=run)
+
+
 def test_arrays_round_trip_by_key_with_the_templates_dtypes(fl):
   """Leaves map to their flattened paths in tree order (a 12-leaf list: the
   path 'layers/10' sorts before 'layers/2' as a string, not as a leaf), a

@@ -27,6 +27,7 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
   cfg = context.run_config
+  task.check(cfg)
   model = task.model(cfg)
   num_nodes = len(list(grid.get_node_ids()))
   common = dict(fraction_train=float(cfg["fraction-train"]),
@@ -60,6 +61,11 @@ def main(grid: Grid, context: Context) -> None:
                           initial_arrays=flower.to_arrays(template),
                           num_rounds=int(cfg["num-server-rounds"]),
                           evaluate_fn=global_evaluate)
+  untrained = [r for r in range(1, int(cfg["num-server-rounds"]) + 1)
+               if r not in result.train_metrics_clientapp]
+  if untrained:
+    raise RuntimeError(f"no client returned a training update in round(s) "
+                       f"{untrained}; their errors are logged above.")
   last = result.evaluate_metrics_serverapp[max(
       result.evaluate_metrics_serverapp)]
   print(f"repdef_flower_app: final test accuracy "

@@ -34,6 +34,31 @@ def defense(run_config):
                               model=model(run_config))
 
 
+DEFENSE_AT = ("step", "update", "mod")
+
+
+def check(run_config):
+  """Raises a ValueError naming the run-config key of a setting the apps
+  cannot use. The ServerApp calls it before the first round: a typo then
+  stops the run instead of failing every client while the server goes on."""
+  if run_config["defense-at"] not in DEFENSE_AT:
+    raise ValueError(f"run-config defense-at must be one of {DEFENSE_AT}, "
+                     f"got {run_config['defense-at']!r}.")
+  fraction = float(run_config["fraction-train"])
+  if not 0 < fraction <= 1:
+    raise ValueError(f"run-config fraction-train must be in (0, 1], got "
+                     f"{fraction}.")
+  for keys, build in (
+      ("dataset / model", lambda: model(run_config)),
+      ("defense / defense-strength", lambda: defense(run_config)),
+      ("local-steps / batch-size / lr",
+       lambda: fedavg_config(run_config, with_defense=False).validate())):
+    try:
+      build()
+    except ValueError as e:
+      raise ValueError(f"run-config {keys}: {e}") from None
+
+
 def fedavg_config(run_config, with_defense=True):
   """Local training of a client (its defense unless the mod applies it)."""
   at = run_config["defense-at"]
