@@ -31,6 +31,18 @@ def test_mse_raw_vs_clamped():
   np.testing.assert_allclose(metrics.mse_clamped(nan, x), [(0.25 + 3) / 4])
 
 
+def test_mse_raw_is_per_image_and_ssim_is_on_clamped_pixels():
+  """One MSE per image (over H, W, C), and SSIM, like PSNR, on the
+  reconstruction clamped to [0, 1] (a divergent one leaves the box)."""
+  x = _imgs(2, shape=(16, 16, 3))
+  rec = x + np.array([0.1, 0.2], np.float32)[:, None, None, None]
+  np.testing.assert_allclose(metrics.mse_raw(rec, x), [0.01, 0.04],
+                             rtol=1e-5)
+  wild = 3 * x - 1
+  np.testing.assert_allclose(metrics.ssim(wild, x),
+                             metrics.ssim(np.clip(wild, 0, 1), x), atol=1e-6)
+
+
 def test_hungarian_matching_recovers_permutation():
   x = _imgs(5)
   perm = np.array([3, 0, 4, 1, 2])

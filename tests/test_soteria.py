@@ -204,6 +204,11 @@ def test_apply_mask_only_defended_rows():
   _check_only_rows_zeroed(g, g2, mask, protect_bias=True)
   with pytest.raises(ValueError, match="shape"):
     S.apply_mask(g, jnp.ones(5), model)
+  # A square defended kernel (F = K): rows, not columns, are zeroed.
+  square = {"head": {"kernel": jnp.arange(16.0).reshape(4, 4) + 1,
+                     "bias": jnp.ones(4)}}
+  mask = jnp.array([1, 0, 1, 0])
+  _check_only_rows_zeroed(square, S.apply_mask(square, mask, ("head",)), mask)
 
 
 def test_no_defended_layer_error():
@@ -498,16 +503,18 @@ def test_defended_layer_rejects_a_non_dense_kernel():
     S.apply_mask(tree, jnp.ones(3), ("head",))
 
 
-def test_reference_score_of_a_signed_representation_logreg():
+@pytest.mark.parametrize("jacobian", ["auto", "rev", "fwd"])
+def test_reference_score_of_a_signed_representation_logreg(jacobian):
   """logreg: r = x and J = I, so score_i = sum_b 1 / (x_bi + eps), signed r
-  (normalised pixels can be negative): no abs() on r."""
+  (normalised pixels can be negative): no abs() on r, in the model-aware
+  path and in the generic Jacobian modes alike."""
   model = models.get_model("logreg", (2, 2, 1))
   params = model.init(jax.random.key(0))
   x = jnp.array([[1.0, -0.5, 0.3, 2.0],
                  [0.5, -0.3, 1.0, -2.0]]).reshape(2, 2, 2, 1)
   y = jnp.array([0, 1])
   g = gradients.batch_grad(model, params, x, y)
-  out, _ = jax.jit(S.soteria(model, 50).apply)(
+  out, _ = jax.jit(S.soteria(model, 50, jacobian=jacobian).apply)(
       g, base.ClientBatch(params, x, y), jax.random.key(0))
   scores = np.sum(1.0 / (np.asarray(x).reshape(2, -1) + model.score_eps), 0)
   want = scores >= np.percentile(scores, 50)  # [1, 0, 1, 0] by hand
