@@ -118,6 +118,14 @@ _PERCENT = r"percent must be a number in \[0, 100\], got 150"
      r"rates \(soteria\): " + _PERCENT),
     (adaptive, adaptive_cfg, {"num_images": 0}, "num_images must be >= 1"),
     (leakage, repinfer_cfg, {"seeds": ()}, "seeds must be"),
+    (leakage, repinfer_cfg, {"rounds": -1}, "rounds must be an int >= 1"),
+    (leakage, repinfer_cfg, {"recon_images": -1},
+     r"recon_images must be an int >= 0 \(0 skips that setting\), got -1"),
+    (convergence, convergence_cfg, {"seeds": ()}, "seeds must be"),
+    (convergence, convergence_cfg, {"seeds": (0, 0)},
+     "seeds must be a non-empty sequence of distinct integers"),
+    (convergence, convergence_cfg, {"max_settings": -1},
+     r"max_settings must be an int >= 0 \(0: every setting\), got -1"),
     # The dry run is checked too (it used to accept all of these).
     (tradeoff, tradeoff_cfg, {"dry_run": True, "num_images": 0},
      "num_images must be >= 1"),
@@ -151,7 +159,7 @@ def test_parts_check_their_config_before_any_work(tmp_path, module, cfg,
 def test_every_preset_passes_the_shared_check():
   from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
   for cfg in (visual_cfg, certified_cfg, adaptive_cfg, repinfer_cfg,
-              tradeoff_cfg):
+              tradeoff_cfg, convergence_cfg):
     for preset in ("quick", "medium", "full", "tiny"):
       harness.check_part_config(cfg.get_config(preset))
 

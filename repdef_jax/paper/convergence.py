@@ -189,6 +189,9 @@ def table(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs every (setting, seed); writes curves.json and loss_vs_round.png."""
   start = time.perf_counter()
+  harness.check_part_config(config)
+  harness.check_count(config.max_settings, "max_settings", 0,
+                      "0: every setting")
   os.makedirs(workdir, exist_ok=True)
   base = ml_collections.ConfigDict(config.base.to_dict())
   base.data_dir = config.data_dir or base.data_dir

@@ -337,6 +337,15 @@ def _check_defense(where: str, name: Any, strength: Any) -> None:
     raise ValueError(f"{where} ({name}): {error}") from None
 
 
+def check_count(value: Any, name: str, low: int, note: str = "") -> None:
+  """Raises a ValueError unless ``value`` is an int >= ``low`` (not a bool);
+  ``note`` says what a boundary value means, e.g. '0: every setting'."""
+  if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+      or value < low):
+    raise ValueError(f"{name} must be an int >= {low}"
+                     f"{f' ({note})' if note else ''}, got {value!r}.")
+
+
 def check_part_config(config: Any) -> None:
   """Checks the settings the paper's parts share, before any work.
 

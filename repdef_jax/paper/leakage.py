@@ -579,6 +579,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     'pixel_space', 'seconds'}``.
   """
   harness.check_part_config(config)
+  harness.check_count(config.rounds, "rounds", 1)
+  for key in ("recon_images", "recon_clients"):
+    harness.check_count(config[key], key, 0, "0 skips that setting")
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
   store = harness.CellStore(os.path.join(workdir, "cells"))
