@@ -10,6 +10,8 @@ Rows, peers, FLOP counts and the device's peak: :mod:`experiments.benchmarks`.
 the CPU page shows that run as its GPU section.
 """
 
+import os
+
 from absl import app
 from absl import flags
 
@@ -42,6 +44,9 @@ def main(argv):
   if unknown:
     raise app.UsageError(f"--parts: unknown {unknown}; valid: "
                          f"{', '.join(driver.PARTS)}.")
+  if os.path.exists(FLAGS.out_dir) and not os.path.isdir(FLAGS.out_dir):
+    raise app.UsageError(f"--out_dir={FLAGS.out_dir} is a file; name a "
+                         "folder (made if missing).")
   driver.run_and_write(FLAGS.quick, FLAGS.out_dir, tuple(FLAGS.parts),
                        FLAGS.torch_threads)
 

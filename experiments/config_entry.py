@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -47,6 +48,9 @@ def _load_config(value: str) -> Any:
   module = importlib.util.module_from_spec(
       importlib.util.spec_from_loader(loader.name, loader))
   loader.exec_module(module)
+  if preset and not inspect.signature(module.get_config).parameters:
+    raise ValueError(f"this config has no presets (use --config={path} and "
+                     "--config.FIELD=... overrides).")
   return module.get_config(*preset)
 
 

@@ -13,9 +13,18 @@ import sys
 import tensorflow_datasets as tfds
 
 
+USAGE = ("usage: python -m experiments.mock_run NUM_EXAMPLES MODULE "
+         "[ARGS...] (NUM_EXAMPLES: an int >= 1, mock examples per split)")
+
+
 def main() -> None:
-  num_examples = int(sys.argv[1])
-  module = sys.argv[2]
+  try:
+    num_examples = int(sys.argv[1])
+    module = sys.argv[2]
+  except (IndexError, ValueError):
+    num_examples = 0
+  if num_examples < 1:
+    sys.exit(f"{USAGE}; got {sys.argv[1:3]}.")
   sys.argv = [module] + sys.argv[3:]
   with tfds.testing.mock_data(num_examples=num_examples):
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -67,6 +67,8 @@ def initialize(coordinator_address: str = "", num_processes: int = 1,
   """
   if jax.distributed.is_initialized():
     return jax.process_count() > 1
+  if num_processes < 1:
+    raise ValueError(f"num_processes must be >= 1, got {num_processes}.")
   if not coordinator_address and os.environ.get("JAX_COORDINATOR_ADDRESS"):
     coordinator_address = os.environ["JAX_COORDINATOR_ADDRESS"]
     if num_processes <= 1:

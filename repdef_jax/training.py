@@ -224,6 +224,8 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"defense must be one of "
                      f"{', '.join(defenses.DEFENSE_NAMES)}; got "
                      f"{config.defense!r}.")
+  defenses.check_strength(config.defense, config.defense_strength,
+                          "defense_strength")
 
 
 def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:

@@ -657,6 +657,14 @@ CASES = [
     Case("training.train_and_evaluate: unknown defense",
          lambda e: _train_early(e["tmp"] / "w", defense="dropout"),
          error=None, check=lambda r: _no_workdir(r, "defense must be one of")),
+    Case("training.train_and_evaluate: defense_strength 150 for soteria",
+         lambda e: _train_early(e["tmp"] / "w", defense="soteria",
+                                defense_strength=150.0),
+         error=None, check=lambda r: _no_workdir(
+             r, r"defense_strength \(soteria\): percent must be a number")),
+    Case("training.train_and_evaluate: num_processes -3",
+         lambda e: _train(e["tmp"], num_processes=-3),
+         match="num_processes must be >= 1, got -3"),
     # ---- experiments.attack.run (the main job) -------------------------
     Case("experiments.attack.run: unknown config key",
          lambda e: _attack_run(e["tmp"], lr=3), match="Unknown config keys"),
@@ -679,7 +687,8 @@ CASES = [
     Case("experiments.attack.run: soteria strength 150",
          lambda e: _attack_run(e["tmp"], defense="soteria", strength=150,
                                data_dir="/nonexistent/tfds"),
-         error=(ValueError, FileNotFoundError), match="percent"),
+         error=ValueError, match=r"strength \(soteria\): percent must be "
+         r"a number in \[0, 100\], got 150"),
     Case("experiments.attack.run: missing data directory",
          lambda e: _attack_run(e["tmp"], data_dir="/nonexistent/tfds"),
          error=FileNotFoundError, match="data_dir"),

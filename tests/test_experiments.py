@@ -109,6 +109,8 @@ _PERCENT = r"percent must be a number in \[0, 100\], got 150"
      r"seeds must be a non-empty sequence of distinct integers, e\.g\. "
      r"\(0, 1, 2\); got \(\)"),
     (visual, visual_cfg, {"num_images": 0}, "num_images must be >= 1"),
+    (visual, visual_cfg, {"image_pool": -1}, "image_pool must be an int >= "),
+    (adaptive, adaptive_cfg, {"image_pool": 0}, "image_pool must be an int"),
     (visual, visual_cfg, {"attacks": ("gs", "gz")},
      "attacks: unknown attack 'gz'; valid names: dlg, idlg, gs"),
     (visual, visual_cfg, {"settings": (("soteria", 150.0),)},
@@ -192,6 +194,10 @@ def test_config_flag_error_names_the_field_or_the_preset():
   assert "did you mean 'num_images'" in error(
       "tradeoff", f"--config={tiny}", "--config.num_image=0")
   assert "cannot read the config file" in error("attack", "--config=nope.py")
+  fedavg = os.path.join(config_entry.CONFIG_DIR, "fedavg.py")
+  assert error("fedavg", f"--config={fedavg}:quick") == (
+      f"--config={fedavg}:quick: this config has no presets (use "
+      f"--config={fedavg} and --config.FIELD=... overrides).")
   # Fine: known fields, presets, other flags, nothing to check.
   assert error("attack", "--config.num_images=5", "--noconfig.seed") is None
   assert error("tradeoff", f"--config={tiny}", "--config.dry_run=True",
@@ -230,6 +236,28 @@ def test_shortcut_flags_override_the_config_even_when_false(tmp_path):
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "VALUES tiny 0 False" in out.stdout
+
+
+def test_helper_commands_refuse_bad_arguments_before_any_work(tmp_path):
+  """mock_run without a positive count prints its usage (it ran a real
+  download with -5); the benchmark refuses an --out_dir that is a file
+  before measuring."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  for args in ([], ["abc", "experiments.tradeoff"],
+               ["-5", "experiments.repinfer"]):
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.mock_run", *args], cwd=ROOT,
+        env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "usage: python -m experiments.mock_run NUM_EXAMPLES" in out.stderr
+  afile = tmp_path / "afile"
+  afile.write_text("")
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.benchmark", "--quick",
+       "--parts=gradients", f"--out_dir={afile}"], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0
+  assert f"--out_dir={afile} is a file" in out.stderr, out.stderr[-2000:]
 
 
 def _claims_ok(result):
@@ -499,6 +527,8 @@ def test_reproduce_run_checks_parts_and_publish(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match=r"unknown parts \['nope'\]"):
     reproduce.run(_reproduce_config(parts="tradeoff,nope"),
                   str(tmp_path / "a"))
+  with pytest.raises(ValueError, match=r"mock_data must be an int >= 0"):
+    reproduce.run(_reproduce_config(mock_data=-5), str(tmp_path / "a"))
   # A subset of the parts is fine.
   reproduce.run(_reproduce_config(parts="convergence"), str(tmp_path / "b"))
   # The same folder, named relatively and absolutely, is refused.

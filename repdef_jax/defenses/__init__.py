@@ -57,6 +57,20 @@ def _require_model(name: str, model: Any) -> models_lib.Model:
   return model
 
 
+def check_strength(name: str, strength: Any, where: str = "strength"
+                   ) -> None:
+  """Raises a ValueError naming ``where`` unless ``strength`` suits defense
+  ``name``: a percent in [0, 100] for Soteria and compression, a finite
+  scale >= 0 for the DP noise (checks that need no model)."""
+  try:
+    if name in ("soteria", "compression"):
+      soteria.check_percent(strength)
+    elif name in ("dp_gaussian", "dp_laplace"):
+      get_defense(name, strength)
+  except ValueError as error:
+    raise ValueError(f"{where} ({name}): {error}") from None
+
+
 def get_defense(name: str, strength: Any = 0.0, *,
                 model: models_lib.Model | None = None,
                 **kwargs) -> Defense:
@@ -101,7 +115,8 @@ def get_defense(name: str, strength: Any = 0.0, *,
 
 __all__ = [
     "DEFENSE_NAMES", "ClientBatch", "Defense", "PERTURBATIONS", "apply_mask",
-    "baselines", "certified_bound", "certify", "chain", "compression",
+    "baselines", "certified_bound", "certify", "chain", "check_strength",
+    "compression",
     "dp_gaussian", "dp_laplace", "dp_sgd", "dp_sgd_epsilon", "empirical_bound",
     "feature_scores", "get_defense", "identity", "mask_from_scores",
     "register_perturbation", "representation_distance", "soteria",

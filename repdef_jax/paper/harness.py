@@ -32,7 +32,6 @@ from repdef_jax import models as models_lib
 from repdef_jax import storage
 from repdef_jax.attacks import base as attacks_base
 from repdef_jax.attacks import objectives
-from repdef_jax.defenses import soteria as soteria_lib
 
 Params = Any
 
@@ -328,13 +327,7 @@ def _check_defense(where: str, name: Any, strength: Any) -> None:
   if name not in defenses_lib.DEFENSE_NAMES:
     raise ValueError(f"{where}: unknown defense {name!r}; valid names: "
                      f"{', '.join(defenses_lib.DEFENSE_NAMES)}.")
-  try:
-    if name in ("soteria", "compression"):
-      soteria_lib.check_percent(strength)
-    elif name in ("dp_gaussian", "dp_laplace"):
-      defenses_lib.get_defense(name, strength)
-  except ValueError as error:
-    raise ValueError(f"{where} ({name}): {error}") from None
+  defenses_lib.check_strength(name, strength, where)
 
 
 def check_count(value: Any, name: str, low: int, note: str = "") -> None:
@@ -351,7 +344,8 @@ def check_part_config(config: Any) -> None:
 
   ``seeds``: a non-empty sequence of distinct integers (a repeated seed
   would count as two in every interval). When the config has them:
-  ``num_images`` an integer >= 1; attack names (``attacks``, each panel's
+  ``num_images`` an integer >= 1, ``image_pool`` >= ``num_images``; attack
+  names (``attacks``, each panel's
   ``attacks`` or ``family``, ``update_attack.attacks``) registered in
   :mod:`repdef_jax.attacks`; defense strengths (``defenses`` and
   ``update_attack.cells``: defense -> strengths; ``settings``: (defense,
@@ -375,6 +369,10 @@ def check_part_config(config: Any) -> None:
                      f"integers, e.g. (0, 1, 2); got {config.get('seeds')!r}.")
   if "num_images" in config:
     attacks_base.check_num_images(config.num_images)
+  if "image_pool" in config:
+    check_count(config.image_pool, "image_pool", int(config.get(
+        "num_images", 1)), "the first test images the attacked ones are "
+                "drawn from, at least num_images")
   named = [("attacks", a) for a in config.get("attacks", ())]
   for name, panel in (config.get("panels") or {}).items():
     named += [(f"panels.{name}.attacks", a) for a in panel.get("attacks", ())]

@@ -164,6 +164,7 @@ def validate_config(config: Any) -> dict:
   config["init"] = resolve_init(config["init"], config["model"])
   # Build the defense once (cheap, no data) so a bad strength is reported
   # before a missing data directory.
+  defenses.check_strength(config["defense"], config["strength"])
   model, _ = _build(config)
   _check_attack_fits_model(config, model)
   if int(config["num_images"]) < 1:

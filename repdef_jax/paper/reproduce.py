@@ -206,6 +206,10 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     raise ValueError(f"unknown parts {sorted(unknown)}; valid: "
                      f"{', '.join(PART_ORDER)}.")
   seeds = parse_seeds(config.get("seeds", ""))
+  mock = config.get("mock_data", 0)
+  if isinstance(mock, bool) or not isinstance(mock, int) or mock < 0:
+    raise ValueError(f"mock_data must be an int >= 0 (examples per split "
+                     f"of tfds mock data; 0 = real data), got {mock!r}.")
   _check_outputs(config)
   if config.get("compare_with"):
     replication.load_reference(config.compare_with)  # Fails before running.
