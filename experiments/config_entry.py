@@ -49,6 +49,9 @@ def _load_config(value: str) -> Any:
       importlib.util.spec_from_loader(loader.name, loader))
   loader.exec_module(module)
   if preset and not inspect.signature(module.get_config).parameters:
+    if "preset" in module.get_config():
+      raise ValueError(f"this config takes its preset as a field: use "
+                       f"--preset={preset[0]} (or --config.preset=...).")
     raise ValueError(f"this config has no presets (use --config={path} and "
                      "--config.FIELD=... overrides).")
   return module.get_config(*preset)

@@ -808,8 +808,10 @@ def get_model(name: str,
     raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
   cls, activation, fc_layers = _MODULES[name]
   own = ("num_classes", "init_scheme", "conv_impl", "parent", "name")
-  fields = {f.name for f in dataclasses.fields(cls)}
-  if not issubclass(cls, _Classifier) or not set(own) <= fields:
+  fields = ({f.name for f in dataclasses.fields(cls)}
+            if isinstance(cls, type) and issubclass(cls, _Classifier)
+            else set())
+  if not set(own) <= fields:
     raise ValueError(
         f"Model {name!r}: its module {cls.__name__} must subclass "
         "repdef_jax.models._Classifier and have the fields num_classes, "

@@ -198,6 +198,10 @@ def test_config_flag_error_names_the_field_or_the_preset():
   assert error("fedavg", f"--config={fedavg}:quick") == (
       f"--config={fedavg}:quick: this config has no presets (use "
       f"--config={fedavg} and --config.FIELD=... overrides).")
+  repro = os.path.join(config_entry.CONFIG_DIR, "reproduce.py")
+  assert error("reproduce", f"--config={repro}:medium").endswith(
+      "this config takes its preset as a field: use --preset=medium (or "
+      "--config.preset=...).")
   # Fine: known fields, presets, other flags, nothing to check.
   assert error("attack", "--config.num_images=5", "--noconfig.seed") is None
   assert error("tradeoff", f"--config={tiny}", "--config.dry_run=True",

@@ -305,7 +305,10 @@ def test_bad_flower_inputs_fail_clearly(fl):
   model = models.get_model("logreg", (28, 28, 1), 10)
   with pytest.raises(ValueError, match="Unknown attack 'nope'; valid attacks:"):
     fl.AuditingFedAvg(model, "nope", client_lr=0.1)
-  for bad in (0.0, "0.1", True, float("nan")):
+  for lr in (np.float32(0.05), np.array(0.05), jnp.float32(0.05)):
+    assert fl.AuditingFedAvg(model, "dlg", client_lr=lr).client_lr == (
+        pytest.approx(0.05))
+  for bad in (0.0, "0.1", True, float("nan"), np.array([0.1, 0.2])):
     with pytest.raises(ValueError, match="client_lr must be a finite number "
                        "> 0"):
       fl.AuditingFedAvg(model, "dlg", client_lr=bad)
@@ -470,7 +473,10 @@ def test_example_app_refuses_bad_run_config_and_untrained_rounds(fl):
        "Unknown defense name 'Soteria'"),
       ("model", "resnet", "run-config dataset / model: Unknown model name"),
       ("local-steps", 0, "run-config local-steps / batch-size / lr: "
-       "local_steps must be >= 1")):
+       "local_steps must be >= 1"),
+      ("attack", "dgl", "run-config attack must be one of"),
+      ("audit-clients-per-round", 0,
+       "run-config audit-clients-per-round must be >= 1, got 0")):
     with pytest.raises(ValueError, match=match):
       task.check({**cfg, key: value})
   broken = ClientApp()

@@ -306,8 +306,12 @@ def test_a_new_model_that_misses_the_recipe_is_named(monkeypatch):
         return z.reshape(z.shape[0], -1)
     return Tiny
 
+  class NotAModule:  # Not even a dataclass.
+    pass
+
   cases = {
       "plain": (Plain, "must subclass repdef_jax.models._Classifier"),
+      "class": (NotAModule, "must subclass repdef_jax.models._Classifier"),
       "fields": (Fields, "have the fields num_classes, init_scheme and "
                  "conv_impl"),
       "renamed": (classifier("out", 10),

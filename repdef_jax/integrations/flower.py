@@ -449,9 +449,12 @@ class AuditingFedAvg(FedAvg):
     if attack not in AUDIT_ATTACKS:
       raise ValueError(f"Unknown attack {attack!r}; valid attacks: "
                        f"{', '.join(AUDIT_ATTACKS)}.")
-    if (isinstance(client_lr, (bool, np.bool_)) or
-        not isinstance(client_lr, numbers.Real) or
-        not (math.isfinite(client_lr) and client_lr > 0)):
+    try:
+      lr = (math.nan if isinstance(client_lr, (bool, np.bool_, str, bytes))
+            or np.ndim(client_lr) else float(client_lr))
+    except (TypeError, ValueError):
+      lr = math.nan
+    if not (math.isfinite(lr) and lr > 0):
       raise ValueError(f"client_lr must be a finite number > 0, got "
                        f"{client_lr!r}.")
     if max_audits_per_round is not None and (
@@ -462,7 +465,7 @@ class AuditingFedAvg(FedAvg):
                        f"(every update), got {max_audits_per_round!r}.")
     super().__init__(**fedavg_kwargs)
     self.model, self.attack = model, attack
-    self.client_lr = float(client_lr)
+    self.client_lr = lr
     self.attack_config, self.attack_overrides = attack_config, dict(
         attack_overrides or {})
     self.num_images, self.reference_data = num_images, reference_data

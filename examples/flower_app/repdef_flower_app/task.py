@@ -13,6 +13,7 @@ from repdef_jax import defenses
 from repdef_jax import fedavg
 from repdef_jax import models
 from repdef_jax import partition
+from repdef_jax.integrations import flower
 
 
 def model(run_config):
@@ -48,6 +49,14 @@ def check(run_config):
   if not 0 < fraction <= 1:
     raise ValueError(f"run-config fraction-train must be in (0, 1], got "
                      f"{fraction}.")
+  attacks = ("none", *flower.AUDIT_ATTACKS)
+  if run_config["attack"] not in attacks:
+    raise ValueError(f"run-config attack must be one of {attacks}, got "
+                     f"{run_config['attack']!r}.")
+  for key in ("attack-iterations", "audit-clients-per-round"):
+    if int(run_config[key]) < 1:
+      raise ValueError(f"run-config {key} must be >= 1, got "
+                       f"{run_config[key]!r}.")
   for keys, build in (
       ("dataset / model", lambda: model(run_config)),
       ("defense / defense-strength", lambda: defense(run_config)),
