@@ -32,6 +32,7 @@ import hashlib
 import importlib.resources
 from io import BytesIO
 import logging
+import numbers
 import os
 import re
 import sys
@@ -216,11 +217,13 @@ def load_with_source(
   """:func:`load`, also returning the :class:`Source` the split came from."""
   info = get_info(name)
   _check_split(info, split)
-  if max_examples is not None and (isinstance(max_examples, bool) or
-                                   not isinstance(max_examples, int) or
-                                   max_examples < 0):
+  if max_examples is not None and (
+      isinstance(max_examples, (bool, np.bool_)) or
+      not isinstance(max_examples, numbers.Integral) or max_examples < 0):
     raise ValueError("max_examples must be a non-negative int or None, got "
                      f"{max_examples!r}.")
+  if max_examples is not None:
+    max_examples = int(max_examples)
   if data_dir is None:
     data_dir = os.environ.get(_DATA_DIR_ENV) or None
   if data_dir is not None:
@@ -241,6 +244,8 @@ def load_with_source(
     images, labels = _select(split, {s: load_sample(name, s)
                                      for s in SAMPLE_SPLITS[name]})
     images, labels = images[:max_examples], labels[:max_examples]
+    for array in (images, labels):
+      array.flags.writeable = False
     return images, labels, Source(
         "sample", f"the embedded sample, {len(images)} real {name} {split} "
         f"images ({'; '.join(notes)})")
@@ -428,11 +433,22 @@ def _select(split: str, arrays: dict[str, Arrays]) -> Arrays:
                        "'train', 'train[:1000]', 'train[10%:]', 'train+test'.")
     base, lo, lo_pct, hi, hi_pct = match.groups()
     x, y = arrays[base]
-    bounds = [None if not v else (round(int(v) * len(y) / 100) if pct else
+    n = len(y)
+    if any(v and abs(int(v)) > (100 if pct else n)
+           for v, pct in ((lo, lo_pct), (hi, hi_pct))):
+      raise ValueError(
+          f"split={split!r}: {part.strip()!r} reaches past the {n} records "
+          f"of {base!r} in this source (a slice must lie within them, a "
+          "percentage within 100 %).")
+    bounds = [None if not v else (round(int(v) * n / 100) if pct else
                                   int(v))
               for v, pct in ((lo, lo_pct), (hi, hi_pct))]
-    images.append(x[bounds[0]:bounds[1]])
-    labels.append(y[bounds[0]:bounds[1]])
+    start, stop, _ = slice(*bounds).indices(n)
+    if stop <= start:
+      raise ValueError(f"split={split!r}: {part.strip()!r} selects no record "
+                       f"of the {n} of {base!r} in this source.")
+    images.append(x[start:stop])
+    labels.append(y[start:stop])
   if len(images) == 1:
     return images[0], labels[0]
   return np.concatenate(images), np.concatenate(labels)

@@ -179,7 +179,8 @@ def fetch(url: str, sha256: str, *, size: int | None = None,
     The file's bytes.
 
   Raises:
-    DownloadError: network failure, an over-long file or a digest mismatch.
+    DownloadError: network failure, an over-long or short file (fewer
+      bytes than announced or than ``size``) or a digest mismatch.
     ValueError: a timeout (or ``$REPDEF_JAX_DOWNLOAD_TIMEOUT``) that is not a
       number > 0.
   """
@@ -187,6 +188,8 @@ def fetch(url: str, sha256: str, *, size: int | None = None,
   digest, chunks, total = hashlib.sha256(), [], 0
   try:
     with urllib.request.urlopen(url, timeout=timeout) as response:
+      announced = (getattr(response, "headers", None) or {}).get(
+          "Content-Length")
       while chunk := response.read(1 << 20):
         total += len(chunk)
         if size is not None and total > size:
@@ -194,6 +197,12 @@ def fetch(url: str, sha256: str, *, size: int | None = None,
                               "bytes; refused")
         digest.update(chunk)
         chunks.append(chunk)
+    expected = (int(announced) if announced and announced.isdigit()
+                else size)
+    if expected is not None and total < expected:
+      raise DownloadError(f"incomplete download of {url}: got {total} of "
+                          f"{expected} bytes (connection cut, or a truncated "
+                          "file); retry, or fix the mirror")
   except (urllib.error.URLError, OSError, ValueError) as error:
     if isinstance(error, DownloadError):
       raise

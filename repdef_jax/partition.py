@@ -12,6 +12,7 @@ and seed always give the same partition.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import math
 
 import flax.struct
 import numpy as np
@@ -137,9 +138,10 @@ def iid(num_examples: int, *, num_clients: int,
   Raises:
     ValueError: if there are not enough examples.
   """
-  _check_positive(num_clients=num_clients)
-  if num_examples < 0:
-    raise ValueError(f"num_examples must be >= 0, got {num_examples}.")
+  _check_positive(num_clients=num_clients, num_examples=num_examples)
+  if num_examples < num_clients:
+    raise ValueError(f"num_examples={num_examples} cannot give each of "
+                     f"num_clients={num_clients} clients an example.")
   order = np.random.default_rng(seed).permutation(num_examples)
   if samples_per_client is None:
     return [part.astype(np.int64)
@@ -180,8 +182,10 @@ def dirichlet(labels: np.ndarray, *, num_clients: int, alpha: float,
   """
   labels = _as_labels(labels)
   _check_positive(num_clients=num_clients)
-  if not alpha > 0:
-    raise ValueError(f"alpha must be > 0, got {alpha}.")
+  if (isinstance(alpha, (bool, np.bool_, str, bytes)) or
+      not isinstance(alpha, (int, float, np.integer, np.floating)) or
+      not (math.isfinite(alpha) and alpha > 0)):
+    raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}.")
   if min_size < 0 or min_size * num_clients > len(labels):
     raise ValueError(
         f"min_size={min_size} x num_clients={num_clients} is not achievable "
@@ -230,6 +234,9 @@ def pack(images: np.ndarray, labels: np.ndarray,
   if len(images) != len(labels):
     raise ValueError(f"images ({len(images)}) and labels ({len(labels)}) "
                      "differ in length.")
+  if not isinstance(client_indices, (list, tuple)):
+    raise ValueError("client_indices must be a list of index arrays (one per "
+                     f"client), got {type(client_indices).__name__}.")
   if not client_indices:
     raise ValueError("client_indices is empty: need at least one client.")
   sizes = np.array([len(idx) for idx in client_indices], np.int32)
@@ -246,7 +253,12 @@ def pack(images: np.ndarray, labels: np.ndarray,
   y = np.zeros((num_clients, max_examples), np.int32)
   mask = np.zeros((num_clients, max_examples), np.float32)
   for client, idx in enumerate(client_indices):
-    idx = np.asarray(idx, np.int64)
+    idx = np.asarray(idx)
+    if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype,
+                                                        np.integer)):
+      raise ValueError(f"client_indices[{client}] must be a 1-D array of "
+                       f"integer indices, got {idx.dtype}{list(idx.shape)}.")
+    idx = idx.astype(np.int64)
     bad = idx[(idx < 0) | (idx >= len(images))]
     if bad.size:
       raise ValueError(
@@ -323,6 +335,7 @@ def _num_classes(labels: np.ndarray, num_classes: int | None) -> int:
   inferred = int(labels.max()) + 1 if labels.size else 0
   if num_classes is None:
     return inferred
+  _check_positive(num_classes=num_classes)
   if num_classes < inferred:
     raise ValueError(f"num_classes={num_classes} but labels go up to "
                      f"{inferred - 1}.")

@@ -514,6 +514,19 @@ def test_sample_fallback_slices_splits_and_max_examples(tmp_path):
                                                         test[-4:-2]]))
   np.testing.assert_array_equal(labels, np.concatenate([train_labels[250:],
                                                         test_labels[-4:-2]]))
+  # Read-only like every other source, also when concatenated.
+  for array in (images, labels):
+    assert not array.flags.writeable
+  # A slice past the records the source holds, or an empty one, is refused
+  # as TFDS refuses it (it was clipped silently); a NumPy int is an int.
+  for bad, match in (("test[:300]", r"reaches past the 256 records of "
+                      r"'test' in this source"),
+                     ("test[:200%]", "reaches past"),
+                     ("test[20:10]", "selects no record of the 256")):
+    with pytest.raises(ValueError, match=match):
+      data.load("mnist", bad, sample=True, **kwargs)
+  assert len(data.load("mnist", "test", sample=True,
+                       max_examples=np.int64(5), **kwargs)[0]) == 5
   with pytest.raises(data.DataNotFoundError):
     data.load("mnist", "test", **kwargs)
   with data.allow_sample():

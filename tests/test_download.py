@@ -335,6 +335,25 @@ def test_fetch_passes_its_timeout_to_every_connection(monkeypatch):
   assert seen == [2.5, download.DEFAULT_TIMEOUT, 7.0]
 
 
+def test_fetch_refuses_a_short_download_as_incomplete(monkeypatch):
+  """A connection cut before Content-Length bytes (or a file shorter than
+  the archive's known size) is an incomplete download, not a checksum
+  mismatch that asks for --checksums."""
+  class Cut(io.BytesIO):
+    headers = {"Content-Length": "8"}
+
+  monkeypatch.setattr(download.urllib.request, "urlopen",
+                      lambda url, **kwargs: Cut(b"data"))
+  sha = hashlib.sha256(b"datadata").hexdigest()
+  with pytest.raises(download.DownloadError, match=r"incomplete download of "
+                     r"http://x/f: got 4 of 8 bytes"):
+    download.fetch("http://x/f", sha)
+  monkeypatch.setattr(download.urllib.request, "urlopen",
+                      lambda url, **kwargs: io.BytesIO(b"data"))
+  with pytest.raises(download.DownloadError, match="got 4 of 8 bytes"):
+    download.fetch("http://x/f", sha, size=8)
+
+
 def test_an_explicit_mirror_beats_the_environment(monkeypatch):
   monkeypatch.setenv(download.MIRROR_ENV, "http://127.0.0.1:9")
   assert download.base_url("mnist", "http://x/") == "http://x/mnist/"

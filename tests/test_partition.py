@@ -179,8 +179,9 @@ def test_dirichlet_skew_and_errors():
       labels, partition.dirichlet(labels, num_clients=5, alpha=1e3, seed=0),
       10)
   assert skewed.std() > 3 * flat.std()
-  with pytest.raises(ValueError, match="alpha must be > 0, got 0"):
-    partition.dirichlet(labels, num_clients=5, alpha=0, seed=0)
+  for bad in (0, float("inf"), "1", None):
+    with pytest.raises(ValueError, match="alpha must be a finite number > 0"):
+      partition.dirichlet(labels, num_clients=5, alpha=bad, seed=0)
   with pytest.raises(ValueError, match="min_size=1000"):
     partition.dirichlet(labels, num_clients=5, alpha=1.0, seed=0,
                         min_size=1000)
@@ -236,3 +237,22 @@ def test_class_counts():
   np.testing.assert_array_equal(counts, [[1, 1, 0, 0], [0, 0, 3, 0]])
   with pytest.raises(ValueError, match="num_classes=2"):
     partition.class_counts(labels, [np.array([0])], 2)
+
+
+def test_pack_and_iid_refuse_what_they_would_misread():
+  """Float indices were truncated, a 2-D array of indices failed with
+  NumPy's 'truth value is ambiguous', a float num_classes with a TypeError,
+  and iid gave empty clients without a word."""
+  x, y = np.zeros((6, 2, 2, 1)), np.arange(6) % 2
+  with pytest.raises(ValueError, match=r"client_indices\[0\] must be a 1-D "
+                     "array of integer indices, got float64"):
+    partition.pack(x, y, [np.array([1.7, 2.2])])
+  with pytest.raises(ValueError, match="client_indices must be a list"):
+    partition.pack(x, y, np.stack([np.arange(3), np.arange(3, 6)]))
+  with pytest.raises(ValueError, match="num_classes must be an int"):
+    partition.noniid(y, num_clients=2, classes_per_client=1,
+                     samples_per_class=1, seed=0, num_classes=12.5)
+  with pytest.raises(ValueError, match="num_examples=3 cannot give each of "
+                     "num_clients=5 clients an example"):
+    partition.iid(3, num_clients=5, seed=0)
+
