@@ -48,6 +48,36 @@ def test_notebook_is_clean_and_self_describing(path):
   assert "# @param" in code[2].source and "is_tiny()" in code[2].source
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_cells_from_the_parameters_on_run_after_a_restart(path):
+  """Every name the cells from the parameter cell onward read is defined
+  by those cells (or is a builtin): after 'Restart runtime' a user reruns
+  from the parameters, not from the install and device cells."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import builtins  # pylint: disable=g-import-not-at-top
+  code = [c.source for c in nbformat.read(path, as_version=4).cells
+          if c.cell_type == "code"]
+  defined, missing = set(dir(builtins)), []
+  for source in code[2:]:
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.Import, ast.ImportFrom)):
+        defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+      elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        defined.add(node.name)
+        defined |= {a.arg for a in ast.walk(node.args)
+                    if isinstance(a, ast.arg)}
+      elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        defined.add(node.id)
+      elif isinstance(node, ast.arg):
+        defined.add(node.arg)
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+          and node.id not in defined):
+        missing.append(node.id)
+  assert not missing, missing
+
+
 @pytest.mark.parametrize("value,tiny", [
     (None, False), ("", False), ("0", False), ("1", True), ("yes", True)])
 def test_is_tiny_reads_the_environment(monkeypatch, value, tiny):
