@@ -546,7 +546,7 @@ CASES = [
     Case("partition.dirichlet: alpha NaN",
          lambda e: partition.dirichlet(np.array([1, 0]), num_clients=1,
                                        alpha=float("nan"), seed=0),
-         match="alpha must be > 0"),
+         match="alpha must be a finite number > 0"),
     Case("partition.dirichlet: min_size unreachable",
          lambda e: partition.dirichlet(np.array([1, 0]), num_clients=2,
                                        alpha=1.0, seed=0, min_size=2),
