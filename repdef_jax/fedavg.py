@@ -552,9 +552,10 @@ def make_round(model: models_lib.Model,
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     b = config.batch_size
     params = jax.eval_shape(model.init, jax.random.key(0))
-    defenses_base.check_contract(config.defense, params, defenses_base.ClientBatch(
-        params, f32(b, *model.input_shape),
-        jax.ShapeDtypeStruct((b,), jnp.int32), f32(b)))
+    batch = defenses_base.ClientBatch(params, f32(b, *model.input_shape),
+                                      jax.ShapeDtypeStruct((b,), jnp.int32),
+                                      f32(b))
+    defenses_base.check_contract(config.defense, params, batch)
   k = config.clients_per_round
   mesh = client_mesh(mesh if jit or not isinstance(mesh, str) else None, k)
   n_shards = 1 if mesh is None else mesh.shape[CLIENTS_AXIS]

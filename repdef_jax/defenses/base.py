@@ -146,9 +146,15 @@ def check_contract(defense: Any, grads: Params, batch: ClientBatch) -> None:
       jax.tree_util.tree_structure(grads) or shapes(out[0]) != shapes(grads)):
     raise ValueError(f"{want}; its grads differ from the input's in "
                      "structure or shapes.")
-  if not isinstance(out[1], dict):
-    raise ValueError(f"{want}; its info is {type(out[1]).__name__}.")
-  bad = [k for k, v in out[1].items() if jnp.ndim(v) != 0]
+  check_info(out[1], want)
+
+
+def check_info(info: Any, want: str) -> None:
+  """Raises ``ValueError(want; ...)`` unless ``info`` is a dict of scalars
+  (arrays or abstract values of rank 0)."""
+  if not isinstance(info, dict):
+    raise ValueError(f"{want}; its info is {type(info).__name__}.")
+  bad = [k for k, v in info.items() if jnp.ndim(v) != 0]
   if bad:
     raise ValueError(f"{want}; info entries {bad} are not scalars.")
 

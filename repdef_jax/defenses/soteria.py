@@ -116,11 +116,7 @@ def _check_perturbation(perturb: Perturbation, qname: str, strength: Any,
   if not hasattr(scale, "shape") or tuple(scale.shape) != (num_features,):
     raise ValueError(f"{want}; its row_scale is "
                      f"{getattr(scale, 'shape', type(scale).__name__)}.")
-  if not isinstance(info, dict):
-    raise ValueError(f"{want}; its info is {type(info).__name__}.")
-  bad = [k for k, v in info.items() if getattr(v, "ndim", None) != 0]
-  if bad:
-    raise ValueError(f"{want}; info entries {bad} are not scalars.")
+  base.check_info(info, want)
 
 
 def _check_chunk(chunk: Any, name: str = "chunk") -> None:
