@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -262,6 +263,41 @@ def test_helper_commands_refuse_bad_arguments_before_any_work(tmp_path):
       capture_output=True, text=True, timeout=300)
   assert out.returncode != 0
   assert f"--out_dir={afile} is a file" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_reproduce_takes_its_part_with_it(tmp_path):
+  """reproduce starts each part with die_with_parent: SIGKILL of reproduce
+  ends the part too, so a rerun never races a leftover run in its folder."""
+  import signal  # pylint: disable=g-import-not-at-top
+  pid_file = tmp_path / "child.pid"
+  parent = subprocess.Popen([sys.executable, "-c", (
+      "import subprocess, sys\n"
+      "from repdef_jax.paper import reproduce\n"
+      "subprocess.call([sys.executable, '-c', 'import os, time; "
+      f"open(r\"{pid_file}\", \"w\").write(str(os.getpid())); "
+      "time.sleep(120)'], preexec_fn=reproduce.die_with_parent)\n")],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+  deadline = time.time() + 60
+  while not (pid_file.exists() and pid_file.read_text()):
+    assert time.time() < deadline and parent.poll() is None
+    time.sleep(0.1)
+  child = int(pid_file.read_text())
+  parent.send_signal(signal.SIGKILL)
+  parent.wait()
+
+  def running():  # A zombie (state Z) has ended.
+    try:
+      with open(f"/proc/{child}/stat", encoding="utf-8") as f:
+        return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except FileNotFoundError:
+      return False
+
+  deadline = time.time() + 10
+  while running() and time.time() < deadline:
+    time.sleep(0.1)
+  assert not running()
 
 
 def _claims_ok(result):

@@ -128,6 +128,21 @@ def _display(cmd: list[str]) -> str:
   return " ".join(["python"] + [shlex.quote(c) for c in cmd[1:]])
 
 
+def die_with_parent() -> None:
+  """In a part's process before it starts (Linux): SIGTERM when reproduce
+  dies. A reproduce killed with SIGKILL otherwise leaves its part running,
+  and rerunning reproduce would start a second run on the same folder.
+  Elsewhere a no-op."""
+  if not sys.platform.startswith("linux"):
+    return
+  import ctypes  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # DEATHSIG
+  except (OSError, AttributeError):
+    pass
+
+
 def run_parts(preset: str, workdir: str, data_dir: str | None,
               parts: list[str], mock_data: int = 0,
               seeds: tuple[int, ...] = ()) -> dict[str, dict]:
@@ -157,7 +172,7 @@ def run_parts(preset: str, workdir: str, data_dir: str | None,
           flush=True)
     os.makedirs(sub, exist_ok=True)
     t0 = time.perf_counter()
-    rc = subprocess.call(cmd, cwd=ROOT)
+    rc = subprocess.call(cmd, cwd=ROOT, preexec_fn=die_with_parent)
     seconds = time.perf_counter() - t0
     record = {"command": shown, "config_digest": digest, "seconds": seconds,
               "returncode": rc,
