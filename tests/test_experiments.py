@@ -446,7 +446,7 @@ def test_reproduce_reruns_a_part_whose_config_changed(tmp_path, monkeypatch):
   monkeypatch.setattr(reproduce, "ROOT", str(root))
   calls = []
   monkeypatch.setattr(reproduce.subprocess, "call",
-                      lambda cmd, cwd: calls.append(cmd) or 0)
+                      lambda cmd, cwd, **kw: calls.append(cmd) or 0)
   workdir = str(tmp_path / "work")
   for _ in range(2):  # The second run finds the part done.
     runs = reproduce.run_parts("tiny", workdir, None, ["convergence"])
@@ -481,7 +481,7 @@ def _fake_parts(tmp_path, monkeypatch, returncode=0):
   monkeypatch.setattr(reproduce, "ROOT", str(root))
   calls, code = [], [returncode]
   monkeypatch.setattr(reproduce.subprocess, "call",
-                      lambda cmd, cwd: calls.append(cmd) or code[0])
+                      lambda cmd, cwd, **kw: calls.append(cmd) or code[0])
   return calls, lambda rc: code.__setitem__(0, rc)
 
 
