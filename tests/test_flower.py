@@ -130,10 +130,12 @@ def _stub_attack(record):
   return Stub
 
 
-def _train_message(fl, params, dst_node_id=2, **config):
+def _train_message(fl, params, dst_node_id=2, arrays=None, **config):
+  """Round 1's train message carrying ``params`` (or the record ``arrays``
+  as given); build it after the grid, whose run id it takes."""
   from flwr.app import ConfigRecord, Message, MessageType, RecordDict  # pylint: disable=g-import-not-at-top
   return Message(RecordDict({
-      "arrays": fl.to_arrays(params),
+      "arrays": fl.to_arrays(params) if arrays is None else arrays,
       "config": ConfigRecord({"server-round": 1, **config})}),
                  dst_node_id=dst_node_id, message_type=MessageType.TRAIN)
 
@@ -194,7 +196,7 @@ def test_defense_mod_equals_update_defense_and_composes_with_clipping(fl):
 def test_defense_mod_reads_arrays_by_key_and_names_what_is_missing(fl):
   """A server whose ArrayRecord lists the arrays in another order gets the
   same defended reply; Soteria in a mod given no load_data says so."""
-  from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict  # pylint: disable=g-import-not-at-top
+  from flwr.app import ArrayRecord  # pylint: disable=g-import-not-at-top
   model = models.get_model("mlp", (28, 28, 1), 10, hidden=(8,))
   x, y, mask = _clients(1, 4, seed=4)
   load = _loader(fl, x, y, mask)
@@ -203,11 +205,8 @@ def test_defense_mod_reads_arrays_by_key_and_names_what_is_missing(fl):
   params = model.init(jax.random.key(5))
 
   def train(app, arrays):
-    grid = fl.InProcessGrid(app, 1)  # Before the message (its run id).
-    message = Message(RecordDict({
-        "arrays": arrays, "config": ConfigRecord({"server-round": 1})}),
-                      dst_node_id=2, message_type=MessageType.TRAIN)
-    [r] = grid.send_and_receive([message])
+    grid = fl.InProcessGrid(app, 1)
+    [r] = grid.send_and_receive([_train_message(fl, None, arrays=arrays)])
     return r
 
   app = fl.make_client_app(model, plain, load, mods=[

@@ -49,7 +49,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import numbers
 import os
 import uuid
@@ -82,6 +81,7 @@ from repdef_jax import attacks as attacks_lib
 from repdef_jax import fedavg
 from repdef_jax import metrics as metrics_lib
 from repdef_jax import models as models_lib
+from repdef_jax import schedules
 from repdef_jax import storage
 from repdef_jax.attacks import repinfer
 from repdef_jax.defenses import base as defenses_base
@@ -449,14 +449,13 @@ class AuditingFedAvg(FedAvg):
     if attack not in AUDIT_ATTACKS:
       raise ValueError(f"Unknown attack {attack!r}; valid attacks: "
                        f"{', '.join(AUDIT_ATTACKS)}.")
-    try:
-      lr = (math.nan if isinstance(client_lr, (bool, np.bool_, str, bytes))
-            or np.ndim(client_lr) else float(client_lr))
-    except (TypeError, ValueError):
-      lr = math.nan
-    if not (math.isfinite(lr) and lr > 0):
-      raise ValueError(f"client_lr must be a finite number > 0, got "
-                       f"{client_lr!r}.")
+    # schedules.check_rate, less what float() alone would take: a string,
+    # a bool, an array of several rates.
+    accepted = "a finite number > 0"
+    if (isinstance(client_lr, (bool, np.bool_, str, bytes)) or
+        np.ndim(client_lr)):
+      raise ValueError(f"client_lr must be {accepted}, got {client_lr!r}.")
+    schedules.check_rate(client_lr, "client_lr", accepted)
     if max_audits_per_round is not None and (
         isinstance(max_audits_per_round, bool) or
         not isinstance(max_audits_per_round, numbers.Integral) or
@@ -465,7 +464,7 @@ class AuditingFedAvg(FedAvg):
                        f"(every update), got {max_audits_per_round!r}.")
     super().__init__(**fedavg_kwargs)
     self.model, self.attack = model, attack
-    self.client_lr = lr
+    self.client_lr = float(client_lr)
     self.attack_config, self.attack_overrides = attack_config, dict(
         attack_overrides or {})
     self.num_images, self.reference_data = num_images, reference_data
