@@ -205,7 +205,7 @@ def test_each_image_part_says_its_interval_rule(tmp_path):
       "## ")[0]
   assert "Intervals: over seeds." in section("tradeoff")
   assert f"Intervals: {report.LEGACY_INTERVAL_RULE}." in section("visual")
-  assert "Intervals:" not in section("convergence")
+  assert "Intervals:" not in section("convergence")  # no run config
   block = report.readme_block(results, "src")
   assert f"Intervals of visual: {report.LEGACY_INTERVAL_RULE};" in block
 
@@ -228,3 +228,22 @@ def test_publish_again_replaces_the_part_s_run(tmp_path):
   assert "--second" in text and "--first" not in text
   assert storage.read_json(os.path.join(dest, "reproduce.json"))[
       "tradeoff"]["command"].endswith("--second")
+
+
+def test_convergence_section_states_its_setting_and_interval(tmp_path):
+  """F(w_0) - F(w_T) > 0 over a short constant-rate run is not Theorem 2's
+  convergence: the section says what was run, from the run's own config."""
+  base = {"model": "logreg", "dataset": "mnist", "rounds": 30,
+          "lr_schedule": "constant", "client_lr": 0.05, "batch_size": 10,
+          "l2": 0.001}
+  text = report.render({"convergence": {"claims": [], "base": base}},
+                       workdir=str(tmp_path), report_dir=str(tmp_path))
+  setting = next(l for l in text.splitlines() if l.startswith("Setting:"))
+  assert "logreg on mnist" in setting and "30 rounds" in setting
+  assert "constant client learning rate 0.05" in setting
+  assert "not that it converged" in setting
+  assert f"Intervals: {report.SEED_VALUES_RULE}." in text
+  base = {**base, "lr_schedule": "theorem2", "rounds": 200}
+  text = report.render({"convergence": {"claims": [], "base": base}},
+                       workdir=str(tmp_path), report_dir=str(tmp_path))
+  assert "200 rounds, Theorem 2's decaying rate" in text

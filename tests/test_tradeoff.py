@@ -615,7 +615,42 @@ def test_committed_tables_give_every_mean_its_interval_over_seeds():
         several = ssim["mean"] is not None and ssim["groups"] >= 2
         one_seed += ssim["mean"] is not None and not several
         assert ("[" in cell) == several, (name, p["defense"], attack, cell)
+        # The JSON obeys the rule too (refresh_tables applied it).
+        assert (ssim["low"] is not None) == several, (name, p["defense"])
   assert one_seed > 0  # The run has such cells (DLG at Soteria 95 %).
+
+
+def test_refresh_tables_drops_stored_intervals_over_one_seeds_images(
+    tmp_path):
+  """A run older than the interval rule stored an interval over one seed's
+  images; refresh_tables removes it from the JSON (mean kept), and keeps
+  the intervals over seeds and those of a one-seed run."""
+  one = {"mean": 0.1, "low": 0.0, "high": 0.2, "n": 4, "median": 0.1,
+         "groups": 1}
+  over_seeds = {**one, "groups": 3}
+  point = {"defense": "soteria", "strength": 95.0, "images": 12,
+           "accuracy_summary": {"mean": 0.9, "low": 0.8, "high": 1.0},
+           "per_attack": {
+               a: {m: dict(one if a == "dlg" else over_seeds)
+                   for m in tradeoff.PRIVACY_METRICS} | {
+                       "success_rate": 0.0, "diverged": 8 * (a == "dlg")}
+               for a in ("best", "dlg", "gs")}}
+  panel = {"model": "leakage", "dataset": "mnist", "attacks": ["dlg", "gs"],
+           "points": [point], "undefended_success_rate": {"best": 1.0},
+           "updates": {}, "accuracy_drop": {}, "ratios": {}}
+  for seeds, kept in (((0, 1, 2), False), ((0,), True)):
+    path = str(tmp_path / f"tradeoff{len(seeds)}.json")
+    storage.write_json(path, {"config": {"seeds": seeds,
+                                         "success_ssim": 0.6},
+                              "panels": {"leakage_mnist": panel}})
+    out = tradeoff.refresh_tables(path)
+    per = storage.read_json(path)["panels"]["leakage_mnist"]["points"][0][
+        "per_attack"]
+    assert per == out["panels"]["leakage_mnist"]["points"][0]["per_attack"]
+    for m in tradeoff.PRIVACY_METRICS:
+      assert per["dlg"][m]["mean"] == 0.1
+      assert (per["dlg"][m]["low"] is not None) == kept, (seeds, m)
+      assert per["gs"][m] == over_seeds and per["best"][m] == over_seeds
 
 
 def test_holds_claim_and_ratios_give_no_interval_over_one_seeds_images():

@@ -606,6 +606,27 @@ def _sensitivity_rows(panel: dict[str, Any]) -> list[list[Any]]:
   return rows
 
 
+def _seed_interval(summary: dict[str, Any], num_seeds: int
+                   ) -> dict[str, Any]:
+  """``summary`` without its interval where its values come from one seed
+  of a run of ``num_seeds`` >= 2 (an interval over that seed's images)."""
+  if summary.get("groups", 2) < 2 <= num_seeds:
+    return {**summary, "low": None, "high": None}
+  return summary
+
+
+def _apply_seed_rule(tree: Any, num_seeds: int) -> Any:
+  """:func:`_seed_interval` on every summary (a dict with ``mean``, ``low``,
+  ``high`` and ``groups``) in a nested result."""
+  if isinstance(tree, list):
+    return [_apply_seed_rule(x, num_seeds) for x in tree]
+  if not isinstance(tree, dict):
+    return tree
+  if {"mean", "low", "high", "groups"} <= set(tree):
+    return _seed_interval(tree, num_seeds)
+  return {k: _apply_seed_rule(v, num_seeds) for k, v in tree.items()}
+
+
 def tables(panels: dict[str, Any], success_ssim: float, num_seeds: int = 1
            ) -> list[dict[str, Any]]:
   """The report's tables: every point, every attack (with its undefended
@@ -613,10 +634,8 @@ def tables(panels: dict[str, Any], success_ssim: float, num_seeds: int = 1
   every mean with its interval (over seeds: none where the values of a run
   of ``num_seeds`` >= 2 seeds come from one seed)."""
 
-  def iv(summary):
-    if summary.get("groups", 2) < 2 <= num_seeds:
-      summary = {**summary, "low": None, "high": None}
-    return batched.interval(summary)
+  iv = lambda summary: batched.interval(  # noqa: E731
+      _seed_interval(summary, num_seeds))
 
   # An attack's SSIM with its interval and its count of diverged runs.
   ssim = lambda a: iv(a["ssim"]) + (f" ({a['diverged']} div)"  # noqa: E731
@@ -719,7 +738,10 @@ def refresh_tables(path: str) -> dict[str, Any]:
   """Re-renders a finished run's ``tables`` from its ``panels``.
 
   For a report whose table layout changed after a run: only formatting is
-  redone; the statistics, claims and cells stay as the run computed them.
+  redone, and the interval rule of docs/evaluation.md is applied to the
+  stored summaries (no interval where a run of several seeds kept values
+  from one: a run older than the rule stored one over that seed's images);
+  means, claims and cells stay as the run computed them.
 
   Args:
     path: a ``tradeoff.json``, rewritten atomically.
@@ -728,9 +750,10 @@ def refresh_tables(path: str) -> dict[str, Any]:
     The updated result.
   """
   result = storage.read_json(path)
+  num_seeds = len(result["config"]["seeds"])
+  result["panels"] = _apply_seed_rule(result["panels"], num_seeds)
   result["tables"] = tables(result["panels"],
-                            result["config"]["success_ssim"],
-                            len(result["config"]["seeds"]))
+                            result["config"]["success_ssim"], num_seeds)
   storage.write_json(path, harness.jsonable(result))
   return result
 
