@@ -262,7 +262,7 @@ def allow_sample() -> Iterator[None]:
   """Within the block, :func:`load` falls back to the embedded sample.
 
   For code that loads data deep inside (a federated run in a notebook):
-  ``with data.allow_sample(): tradeoff.run(config, workdir)``.
+  ``with data.allow_sample(): training.train_and_evaluate(config, workdir)``.
   """
   _SAMPLE_ALLOWED.append(True)
   try:

@@ -42,6 +42,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
+import operator
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 import chex
@@ -85,8 +87,19 @@ class KeyStreams(NamedTuple):
 
 
 def key_streams(seed: int) -> KeyStreams:
-  """Splits ``seed`` into the named streams; each is ``fold_in(root, i)``."""
-  root = jax.random.key(int(seed))
+  """Splits ``seed`` into the named streams; each is ``fold_in(root, i)``.
+
+  Raises:
+    ValueError: ``seed`` is not an integer.
+  """
+  try:
+    value = None if isinstance(seed, (bool, np.bool_)) else operator.index(
+        seed)
+  except TypeError:
+    value = None
+  if value is None:
+    raise ValueError(f"seed must be an integer, got {seed!r}.")
+  root = jax.random.key(value)
   return KeyStreams(*(jax.random.fold_in(root, i) for i in range(len(STREAMS))))
 
 
@@ -175,17 +188,17 @@ class FedAvgConfig:
   client_chunk: int = -1
 
   def validate(self) -> None:
-    """Raises a ValueError on settings that cannot run."""
-    if self.clients_per_round < 1:
-      raise ValueError(f"clients_per_round must be >= 1, got "
-                       f"{self.clients_per_round}.")
-    if self.local_epochs < 0:
-      raise ValueError(f"local_epochs must be >= 0, got {self.local_epochs}.")
-    if self.local_epochs == 0 and self.local_steps < 1:
-      raise ValueError(f"local_steps must be >= 1 (or set local_epochs), got "
-                       f"{self.local_steps}.")
-    if self.batch_size < 1:
-      raise ValueError(f"batch_size must be >= 1, got {self.batch_size}.")
+    """Raises a ValueError, naming the field, on settings that cannot run."""
+    for name, low in (("clients_per_round", 1), ("local_epochs", 0),
+                      ("local_steps", 0 if self.local_epochs else 1),
+                      ("batch_size", 1), ("client_chunk", -1)):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, numbers.Integral) or (
+          v < low):
+        hint = {"local_steps": " (or set local_epochs)",
+                "client_chunk": " (-1: auto, 0: all clients at once)"}
+        raise ValueError(f"{name} must be an integer >= {low}"
+                         f"{hint.get(name, '')}, got {v!r}.")
     if self.defense is not None:
       defenses_base.check_is_defense(self.defense)
     if self.defense_at not in DEFENSE_AT:
@@ -194,11 +207,18 @@ class FedAvgConfig:
     if self.weighting not in WEIGHTINGS:
       raise ValueError(f"weighting must be one of {WEIGHTINGS}, got "
                        f"{self.weighting!r}.")
-    if self.l2 < 0:
-      raise ValueError(f"l2 must be >= 0, got {self.l2}.")
-    if self.client_chunk < -1:
-      raise ValueError(f"client_chunk must be >= 0, or -1 (auto), got "
-                       f"{self.client_chunk}.")
+    if isinstance(self.l2, bool) or not isinstance(
+        self.l2, numbers.Real) or not (math.isfinite(self.l2) and
+                                       self.l2 >= 0):
+      raise ValueError(f"l2 must be a finite number >= 0, got {self.l2!r}.")
+    if not isinstance(self.replace, (bool, np.bool_)):
+      raise ValueError(f"replace must be True or False, got "
+                       f"{self.replace!r}.")
+    if self.server_optimizer is not None and not isinstance(
+        self.server_optimizer, optax.GradientTransformation):
+      raise ValueError("server_optimizer must be an optax "
+                       "GradientTransformation or None (plain FedAvg), got "
+                       f"{self.server_optimizer!r}.")
     if not callable(self.client_lr):
       schedules.check_rate(self.client_lr, "client_lr",
                            "a finite number > 0 or a schedule (callable)")
@@ -529,7 +549,9 @@ def make_round(model: models_lib.Model,
   the defense diagnostics, ``test_accuracy`` / ``test_loss`` of the new model
   when ``test`` is given, ``global_loss`` when ``eval_global_loss``, and
   ``client_updates`` (the ``[K, ...]`` deltas exactly as the server received
-  them) when ``return_client_updates``.
+  them) when ``return_client_updates``. ``probs`` (sampling probabilities,
+one per client; None: :func:`default_probs`) is checked for its shape when
+the round is traced; :func:`check_setup` checks its values on the host.
 
   Args:
     model: the model.
@@ -583,6 +605,14 @@ def make_round(model: models_lib.Model,
   def round_fn(state, data, keys, probs=None, test=None, client_ids=None):
     data = ClientArrays(*data)
     sizes_all = client_sizes(data)
+    n = data.x.shape[0]
+    if probs is not None and jnp.shape(probs) != (n,):
+      raise ValueError(f"probs must hold one probability per client, shape "
+                       f"({n},), got shape {jnp.shape(probs)} (check_setup "
+                       "checks the values on the host).")
+    if client_ids is None and not config.replace and k > n:
+      raise ValueError(f"clients_per_round={k} is more than the {n} clients "
+                       "that can be sampled without replacement.")
     if client_ids is None:
       p = default_probs(data, config.weighting) if probs is None else probs
       ids = sample_clients(jax.random.fold_in(keys.sampling, state.round), p, k,

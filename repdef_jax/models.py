@@ -612,10 +612,12 @@ class Model:
     module: the flax Linen module.
     input_shape: one image's shape ``(H, W, C)``.
     num_classes: number of outputs.
-    activation: 'sigmoid' or 'relu'; sets the reference Soteria score's
-      epsilon (0 for sigmoid nets, 0.1 for ReLU nets, as the reference code).
+    activation: 'sigmoid', 'relu' or 'linear' (logreg); sets the reference
+      Soteria score's epsilon (0 for sigmoid nets, else 0.1, as the
+      reference code).
     fc_layers: names of the fully connected layers in forward order, ending
       with the defended layer ``head`` (used by representation inference).
+    defended_path: where the defended layer's parameters sit in the tree.
   """
 
   name: str

@@ -162,6 +162,29 @@ def test_batch_label_inference_finds_present_classes(lenet_setup):
   xs = jnp.concatenate([x, 1 - x, x * 0.3])
   g = batch_grad(model, params, xs, jnp.array([2, 7, 5]))
   assert sorted(np.asarray(attacks.infer_labels(model, g, 3))) == [2, 5, 7]
+  # Fewer classes than images: the extra images repeat the most negative
+  # class (here the one present twice), never a class the batch lacks.
+  for labels in ([2, 2, 7], [1, 1, 1, 4]):
+    n = len(labels)
+    g = batch_grad(model, params, jnp.concatenate([xs, x * 0.6])[:n],
+                   jnp.array(labels))
+    got = np.asarray(attacks.infer_labels(model, g, n))
+    assert sorted(got) == sorted(labels), (labels, got)
+    bias = np.asarray(models.defended_params(model, g)["bias"])
+    assert np.sum(got == np.argmin(bias)) == n - len(set(labels)) + 1
+
+
+def test_batch_label_inference_reads_the_bias_not_the_kernel():
+  """A batch's labels come from the bias gradient where the layer has one
+  (the documented rule), even where the kernel's column sums disagree."""
+  model = models.get_model("lenet", (28, 28, 1), 10)
+  g = jax.tree_util.tree_map(jnp.zeros_like, model.init(jax.random.key(0)))
+  head = models.defended_params(model, g)
+  kernel = head["kernel"].at[:, jnp.array([1, 3])].set(-1.0)
+  bias = head["bias"].at[jnp.array([2, 7])].set(-1.0)
+  name = model.defended_path[-1]
+  g = {**g, name: {**g[name], "kernel": kernel, "bias": bias}}
+  assert sorted(np.asarray(attacks.infer_labels(model, g, 2))) == [2, 7]
 
 
 # Threshold: an undefended single-image attack (DLG's objective, torch-style

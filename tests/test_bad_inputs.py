@@ -333,6 +333,25 @@ CASES = [
              0),
          match=r"key must be one PRNG key \(jax.random.key\(seed\)\); "
          "got 0"),
+    Case("defense call: a raw key of the wrong length",
+         lambda e: defenses.get_defense("dp_gaussian", 0.1)(
+             e["grads"], defenses.ClientBatch(e["params"], e["x"], e["y"]),
+             jnp.zeros(5, jnp.uint32)),
+         match=r"key must be one PRNG key"),
+    Case("defenses.chain: a member that is no defense",
+         lambda e: defenses.chain(defenses.get_defense("dp_gaussian", 0.1),
+                                  "soteria"),
+         match="defense must be a repdef_jax Defense.*got str"),
+    Case("defenses.check_strength: dp_sgd noise -1",
+         lambda e: defenses.check_strength("dp_sgd", -1.0),
+         match=r"strength \(dp_sgd\): noise_multiplier must be a finite"),
+    Case("defenses.check_strength: unknown defense",
+         lambda e: defenses.check_strength("foo", 1.0),
+         match="strength: unknown defense 'foo'; valid names: none, soteria"),
+    Case("defenses.certified_bound: keep_mask of the wrong length",
+         lambda e: defenses.certified_bound(e["model"], e["params"], e["x"],
+                                            jnp.ones(3)),
+         match=r"keep_mask must have shape \[F\]"),
     Case("defenses.get_defense: unknown keyword",
          lambda e: defenses.get_defense("soteria", 50, model=e["model"],
                                         bogus=1),
@@ -345,6 +364,15 @@ CASES = [
         e["model"], 50, q=7), match="q must name a registered perturbation"),
     Case("soteria: eps < 0", lambda e: defenses.soteria_defense(
         e["model"], 50, eps=-1.0), match="eps must be a finite number >= 0"),
+    Case("soteria: eps a string", lambda e: defenses.soteria_defense(
+        e["model"], 50, eps="abc"), match="eps must be a finite.*got 'abc'"),
+    Case("soteria: protect_bias a string", lambda e: defenses.soteria_defense(
+        e["model"], 50, protect_bias="yes"),
+         match="protect_bias must be True or False, got 'yes'"),
+    Case("soteria.feature_scores: eps < 0",
+         lambda e: defenses.soteria.feature_scores(
+             e["model"].feature_fn(e["params"]), e["x"], eps=-1.0),
+         match="eps must be a finite number >= 0, got -1.0"),
     Case("soteria: model without defended layer",
          lambda e: defenses.soteria_defense(dataclasses.replace(
              e["model"], defended_path=("nohead",)), 50),
@@ -589,7 +617,11 @@ CASES = [
       for k, v in [("clients_per_round", 0), ("local_steps", 0),
                    ("local_epochs", -1), ("batch_size", 0),
                    ("defense_at", "never"), ("weighting", "median"),
-                   ("l2", -1.0), ("client_chunk", -2)]],
+                   ("l2", -1.0), ("client_chunk", -2),
+                   ("clients_per_round", 2.5), ("local_steps", 1.5),
+                   ("batch_size", None), ("batch_size", True),
+                   ("client_chunk", 1.5), ("l2", "a"), ("l2", float("nan")),
+                   ("replace", "no"), ("server_optimizer", 3)]],
     Case("fedavg.FedAvgConfig: client_lr -1",
          lambda e: fedavg.FedAvgConfig(client_lr=-1.0).validate(),
          match="client_lr"),
@@ -625,6 +657,22 @@ CASES = [
                  e["clients"]._replace(x=jnp.zeros((3, 2, 9, 9, 1))),
                  fedavg.key_streams(0)),
          match="x must be a batch of images"),
+    *[Case(f"fedavg.key_streams: seed {v!r}",
+           lambda e, v=v: fedavg.key_streams(v),
+           match=f"seed must be an integer, got {re.escape(repr(v))}")
+      for v in (1.7, "a", True)],
+    Case("fedavg round: probs of the wrong length",
+         lambda e: fedavg.make_round(e["model"], fedavg.FedAvgConfig(
+             clients_per_round=2))(
+                 fedavg.init(e["model"], fedavg.FedAvgConfig(), KEY),
+                 e["clients"], fedavg.key_streams(0), jnp.array([1.0, 0.0])),
+         match=r"probs must hold one probability per client, shape \(3,\)"),
+    Case("fedavg round: more clients than exist (no replacement)",
+         lambda e: fedavg.make_round(e["model"], fedavg.FedAvgConfig(
+             clients_per_round=5, replace=False))(
+                 fedavg.init(e["model"], fedavg.FedAvgConfig(), KEY),
+                 e["clients"], fedavg.key_streams(0)),
+         match="clients_per_round=5 is more than the 3 clients"),
     Case("fedavg round: an empty client among the sampled",
          _empty_client_round, error=None, check=_check_empty_client),
     # ---- training.train_and_evaluate ------------------------------------

@@ -154,3 +154,21 @@ def test_input_distance_is_per_image():
   x = jnp.zeros((2, 2, 2, 1))
   x_rec = x.at[0, 0, 0, 0].set(3.0).at[1].set(1.0)  # image 1: 4 pixels of 1
   np.testing.assert_allclose(C.input_distance(x, x_rec), [3.0, 2.0])
+
+
+def test_precomputed_spectral_norms_give_the_same_bounds():
+  model = models.get_model("leakage", (6, 6, 1))
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (3, 6, 6, 1))
+  x_rec = jax.random.uniform(jax.random.key(2), (3, 6, 6, 1))
+  _, sigma = C.jacobian_spectral_norms(model.feature_fn(params), x)
+  keep = (jax.random.uniform(jax.random.key(3), (3, model.num_features))
+          > 0.5).astype(jnp.float32)
+  np.testing.assert_allclose(
+      C.certified_bound(model, params, x, keep, sigma=sigma),
+      C.certified_bound(model, params, x, keep), rtol=1e-6)
+  np.testing.assert_allclose(
+      C.empirical_bound(model, params, x, x_rec, sigma=sigma),
+      C.empirical_bound(model, params, x, x_rec), rtol=1e-6)
+  assert float(jnp.min(C.certified_bound(model, params, x, keep,
+                                          sigma=sigma))) > 0

@@ -164,3 +164,54 @@ def test_accuracy_drop_counts_diverged_seeds():
   d = ea.accuracy_drop(none, pts, 0.2)
   assert (d["n"], d["diverged_training"]) == (2, 1)
   assert d["mean"] == pytest.approx(0.20)
+
+
+def test_the_curve_statistic_is_the_median_of_unequal_ratios():
+  """Three baseline points in range with ratios 100, 150 and 1000: the
+  statistic is their median, 150 (their mean would be 417)."""
+  soteria = [_pt(40, 0.90, 1.0), _pt(80, 0.88, 1.0)]
+  baseline = [_pt(1, 0.90, 0.01), _pt(2, 0.89, 1 / 150), _pt(3, 0.88, 0.001)]
+  out = ea.ratio_curve(soteria, baseline)
+  assert sorted(r["ratio"] for r in out["per_point"]) == pytest.approx(
+      [100.0, 150.0, 1000.0])
+  med = out["median"]
+  assert med["n"] == 3 and med["value"] == pytest.approx(150.0)
+  assert med["low"] == pytest.approx(150.0)  # no noise: every replicate
+  assert med["high"] == pytest.approx(150.0)
+
+
+def test_no_common_accuracy_range_is_reported_as_none():
+  out = ea.ratio_curve([_pt(40, 0.80, 1.0)], [_pt(1, 0.90, 0.01)])
+  assert out["range"] is None
+  assert out["median"]["value"] is None and out["median"]["n"] == 0
+
+
+def test_a_baseline_that_kept_one_seed_gives_no_ratio_interval():
+  """The one-seed rule holds on both sides of a ratio: a baseline point
+  whose attacks diverged on seed 1 keeps seed 0's images only."""
+  soteria = {"strength": 60, "accuracy": [0.9] * 2,
+             "mse_clamped": [0.90, 0.92, 0.91, 0.93],
+             "seeds": [0, 0, 1, 1], "all_seeds": [0, 0, 1, 1]}
+  baseline = {"strength": 90, "accuracy": [0.9] * 2,
+              "mse_clamped": [0.010, 0.012], "seeds": [0, 0],
+              "all_seeds": [0, 0, 1, 1]}
+  r = ea.ratio_ci(soteria, baseline, "mse_clamped")
+  assert r["value"] == pytest.approx(0.915 / 0.011)
+  assert r["low"] is None and r["high"] is None
+  both = {**baseline, "mse_clamped": [0.010, 0.012, 0.011, 0.013],
+          "seeds": [0, 0, 1, 1]}
+  assert ea.ratio_ci(soteria, both, "mse_clamped")["low"] is not None
+
+
+def test_the_curve_median_gives_no_interval_from_one_value():
+  """A one-seed run whose Soteria point kept one finite value: neither its
+  per-point ratio nor the curve's median gets an interval (one value has
+  no spread to resample)."""
+  soteria = [_pt(60, 0.9, 0.5)]
+  soteria[0]["mse_clamped"] = [0.5] + [float("nan")] * 7
+  out = ea.ratio_curve(soteria, [_pt(90, 0.9, 0.01, noise=0.1)])
+  row = out["per_point"][0]
+  assert row["ratio"] == pytest.approx(50.0, rel=0.1)
+  assert row["ratio_low"] is None
+  assert out["median"]["value"] == pytest.approx(row["ratio"])
+  assert out["median"]["low"] is None and out["median"]["high"] is None

@@ -341,9 +341,19 @@ def test_visual_end_to_end(mock_env):
   _rerun_reuses(visual, config, workdir)
 
 
-def test_certified_end_to_end(mock_env):
+def test_certified_end_to_end(mock_env, monkeypatch):
+  # Every bound of a (panel, seed) reuses its images' ||J||_2, computed
+  # once, instead of a Jacobian and SVD per rate and attack.
+  sigmas = []
+  for name in ("_certified_bound", "_empirical_bound"):
+    fn = getattr(theorem1, name)
+    monkeypatch.setattr(theorem1, name, lambda *a, fn=fn, **k: (
+        sigmas.append(k.get("sigma")), fn(*a, **k))[1])
   result, workdir, config = _run(theorem1, certified_cfg, mock_env,
                                  "certified")
+  # 2 seeds x 2 rates x (1 certified + 2 attacks' empirical) bounds.
+  assert len(sigmas) == 12 and all(s is not None for s in sigmas)
+  assert len({id(s) for s in sigmas}) == 2  # one per seed
   assert {"certified.json", "certified.png"} <= set(os.listdir(workdir))
   panel = result["panels"]["logreg_mnist"]
   rates = {r["rate"]: r for r in panel["rates"]}

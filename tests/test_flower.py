@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from repdef_jax import attacks
 from repdef_jax import defenses
 from repdef_jax import fedavg
+from repdef_jax import gradients
 from repdef_jax import models
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -316,6 +318,23 @@ def test_bad_flower_inputs_fail_clearly(fl):
                        "int >= 1 or None"):
       fl.AuditingFedAvg(model, "dlg", client_lr=0.1,
                         max_audits_per_round=bad)
+  # The attack's config is checked when the strategy is built, not after
+  # the first training round.
+  with pytest.raises(TypeError, match="Unknown setting.*iterations.*'dlg'"):
+    fl.AuditingFedAvg(model, "dlg", client_lr=0.1,
+                      attack_overrides={"iterations": 500})
+  with pytest.raises(ValueError, match="Attack 'gs' takes a GSConfig"):
+    fl.AuditingFedAvg(model, "gs", client_lr=0.1,
+                      attack_config=attacks.DLGConfig())
+  with pytest.raises(ValueError, match="repinfer_steps"):
+    fl.AuditingFedAvg(model, "repinfer", client_lr=0.1,
+                      attack_overrides={"outer_steps": 5})
+  for name, bad in (("num_images", 0), ("repinfer_steps", -3),
+                    ("seed", "x"), ("seed", 1.5)):
+    with pytest.raises(ValueError, match=name):
+      fl.AuditingFedAvg(model, "dlg", client_lr=0.1, **{name: bad})
+  assert fl.AuditingFedAvg(model, "gs", client_lr=0.1, attack_overrides={
+      "iterations": 7})._attack_config.iterations == 7
   with pytest.raises(ValueError, match="defense must be a repdef_jax Defense"):
     fl.defense_mod("soteria", model=model)
   params = model.init(jax.random.key(0))
@@ -472,7 +491,7 @@ def test_example_app_refuses_bad_run_config_and_untrained_rounds(fl):
        "Unknown defense name 'Soteria'"),
       ("model", "resnet", "run-config dataset / model: Unknown model name"),
       ("local-steps", 0, "run-config local-steps / batch-size / lr: "
-       "local_steps must be >= 1"),
+       "local_steps must be an integer >= 1"),
       ("attack", "dgl", "run-config attack must be one of"),
       ("audit-clients-per-round", 0,
        "run-config audit-clients-per-round must be >= 1, got 0")):
@@ -698,3 +717,31 @@ def test_auditor_attacks_each_update_as_its_client(fl, monkeypatch):
   list(capped.configure_train(1, fl.to_arrays(glob), ConfigRecord({}), grid))
   capped.aggregate_train(1, ok)
   assert len(capped.audit_log) == 1
+
+
+def test_repinfer_audit_compiles_its_reconstruction_once(fl):
+  """Auditing a second update with 'repinfer' compiles nothing new: the
+  reconstruction program is built once per model and step count (a new
+  jit per audited client compiled it again every time)."""
+  model = models.get_model("leakage", (8, 8, 1), 10)
+  params = model.init(jax.random.key(0))
+  strategy = fl.AuditingFedAvg(model, "repinfer", client_lr=0.1,
+                               repinfer_steps=3)
+  x, y, _ = _clients(2, 4, shape=(8, 8, 1))
+  updates = [jax.tree_util.tree_map(
+      lambda g: -0.1 * g, gradients.batch_grad(
+          model, params, jnp.asarray(x[k]), jnp.asarray(y[k])))
+             for k in range(2)]
+  compiles = []
+  listener = lambda event, *a, **k: compiles.append(event) if (  # noqa: E731
+      "backend_compile" in event) else None
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    strategy._repinfer(params, updates[0], jax.random.key(1))  # pylint: disable=protected-access
+    first = len(compiles)
+    images, classes = strategy._repinfer(params, updates[1],  # pylint: disable=protected-access
+                                         jax.random.key(2))
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert first > 0 and len(compiles) == first
+  assert images.shape == (len(classes), 8, 8, 1)

@@ -131,6 +131,18 @@ def test_iid():
     partition.iid(103, num_clients=10, samples_per_client=11, seed=0)
 
 
+def test_iid_is_a_random_draw():
+  """On a dataset sorted by class every iid client holds many classes, and
+  another seed draws other clients."""
+  labels = np.sort(_labels(per_class=100))
+  parts = partition.iid(len(labels), num_clients=5, samples_per_client=20,
+                        seed=0)
+  assert all(len(np.unique(labels[p])) >= 5 for p in parts)
+  other = partition.iid(len(labels), num_clients=5, samples_per_client=20,
+                        seed=1)
+  assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+
+
 @pytest.mark.parametrize("alpha", [0.1, 1.0, 100.0])
 def test_dirichlet_covers_disjointly(alpha):
   labels = _labels(per_class=30)
@@ -142,6 +154,21 @@ def test_dirichlet_covers_disjointly(alpha):
                                 np.arange(len(labels)))
   counts = partition.class_counts(labels, parts, 10)
   np.testing.assert_array_equal(counts.sum(axis=0), 30)
+
+
+def test_dirichlet_draws_the_examples_of_a_class_at_random():
+  """A client's share of a class is a random subset of it, not the next
+  run of the class's examples in dataset order."""
+  labels = _labels(per_class=100)
+  runs = []
+  for seed in range(5):
+    parts = partition.dirichlet(labels, num_clients=2, alpha=1.0, seed=seed,
+                                min_size=0)
+    for p in parts:
+      for c in np.unique(labels[p]):
+        rank = np.searchsorted(np.flatnonzero(labels == c), p[labels[p] == c])
+        runs.append(np.all(np.diff(np.sort(rank)) == 1))
+  assert not all(runs)
 
 
 def test_dirichlet_redraws_until_min_size():

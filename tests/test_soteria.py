@@ -358,6 +358,15 @@ def test_chain_soteria_then_noise():
   head = np.asarray(out["head"]["kernel"])[pruned]
   np.testing.assert_allclose(np.std(head), scale, rtol=0.3)
   assert "0_soteria/pruned_fraction" in info
+  # One member alone is wrapped the same way: appending a member does not
+  # change its noise.
+  one, one_info = base.chain(D.dp_gaussian(scale))(g, batch, key)
+  two, _ = base.chain(D.dp_gaussian(scale), base.identity())(g, batch, key)
+  alone, _ = D.dp_gaussian(scale)(g, batch, jax.random.fold_in(key, 0))
+  for a, b, c in zip(*map(jax.tree_util.tree_leaves, (one, two, alone))):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+  assert list(one_info) == ["0_dp_gaussian/noise_scale"]
   assert "1_dp_gaussian/noise_scale" in info
   np.testing.assert_allclose(info["1_dp_gaussian/noise_scale"], scale)
 
@@ -430,6 +439,14 @@ def test_a_registered_perturbation_is_checked_by_name(monkeypatch):
   for bad in (2, "", None):
     with pytest.raises(ValueError, match="name must be a non-empty string"):
       S.register_perturbation(bad)
+  # An integer q, NumPy's included, names "q<int>"; a bool does not.
+  want, _ = S.soteria(model, 10, q="q0")(g, batch, jax.random.key(0))
+  for q in (0, np.int64(0)):
+    got, _ = S.soteria(model, 10, q=q)(g, batch, jax.random.key(0))
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+        lambda a, b: bool(jnp.array_equal(a, b)), got, want))
+  with pytest.raises(ValueError, match="q must name a registered"):
+    S.soteria(model, 10, q=False)
 
 
 # --------------------------------------------------------------------------

@@ -186,3 +186,11 @@ def test_proportion_ci_is_clopper_pearson():
   assert (half["low"], half["high"]) == pytest.approx((0.1871, 0.8129),
                                                       abs=1e-4)
   assert stats.proportion_ci(0, 0)["value"] is None
+
+
+def test_ratio_ci_gives_no_interval_when_either_side_has_one_value():
+  for num, den in (([4.0], [1.0, 1.1, 0.9, 1.0]),
+                   ([4.0, 4.2, 3.9], [1.0])):
+    r = stats.ratio_ci(num, den)
+    assert r["value"] == pytest.approx(np.mean(num) / np.mean(den))
+    assert r["low"] is None and r["high"] is None

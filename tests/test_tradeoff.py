@@ -350,10 +350,20 @@ def test_point_summary_boundaries_seeds_and_round0_divergence(t_interval):
     assert s["ssim"]["n"] == 6 and s["ssim"]["groups"] == 3
 
 
-def _point(strength, acc, mse, ssim):
-  return {"strength": strength, "accuracy": [acc] * 3,
-          "mse_clamped": [mse] * 8, "mse": [mse] * 8, "ssim": [ssim] * 8,
-          "psnr": [10.0] * 8}
+def _point(strength, acc, mse, ssim, raw_mse=None):
+  return {"strength": strength, "accuracy": list(np.broadcast_to(acc, 3)),
+          "mse_clamped": [mse] * 8, "mse": [mse if raw_mse is None
+                                            else raw_mse] * 8,
+          "ssim": [ssim] * 8, "psnr": [10.0] * 8}
+
+
+def _claims(points, undefended_success=1.0):
+  config = tradeoff_cfg.get_config("tiny")
+  panel = {"model": "m", "dataset": "d",
+           "undefended_success_rate": {"best": undefended_success},
+           **tradeoff.analyse_panel(points, config)}
+  claims = tradeoff.panel_claims("p", panel, config)
+  return panel, {c["claim"].removeprefix("p (m/d): "): c for c in claims}
 
 
 def _panel_with(undefended_success):
@@ -388,9 +398,59 @@ def test_claims_follow_the_rules():
 
 
 def test_claims_are_inconclusive_when_attacks_fail_undefended():
-  for c in _panel_with(0.25).values():
-    assert c["verdict"] in ("inconclusive (attacks fail undefended)",
-                            "reported"), c
+  for rate in (0.25, 0.45, 0.49):
+    for c in _panel_with(rate).values():
+      assert c["verdict"] in ("inconclusive (attacks fail undefended)",
+                              "reported"), (rate, c)
+
+
+def test_the_ratio_claim_is_on_clamped_mse():
+  """The headline ratio is the clamped MSE's (200x here), not the raw
+  MSE's (5000x), as its statistic says."""
+  _, claims = _claims({
+      ("none", 0.0): _point(0, 0.9, 0.001, 0.95),
+      ("soteria", 50.0): _point(50, 0.9, 0.2, 0.1, raw_mse=5.0),
+      ("compression", 90.0): _point(90, 0.9, 0.001, 0.9)})
+  ratio = claims["Soteria's MSE / compression's at equal accuracy"]
+  assert ratio["value"] == pytest.approx(200.0)
+  assert "clamped-MSE ratio" in ratio["statistic"]
+
+
+def test_accuracy_holds_leaves_out_points_that_lose_accuracy():
+  """A point counts when its paired drop is at most one point: Soteria 80 %
+  (drop 1.5 points) and 90 % (30 points) are left out however private."""
+  panel, claims = _claims({
+      ("none", 0.0): _point(0, 0.9, 0.001, 0.95),
+      ("soteria", 50.0): _point(50, 0.9, 0.2, 0.1),
+      ("soteria", 80.0): _point(80, 0.885, 0.9, 0.05),
+      ("soteria", 90.0): _point(90, 0.6, 0.95, 0.01)})
+  assert [h["strength"] for h in panel["accuracy_holds"]] == [50.0]
+  holds = claims["accuracy holds until MSE 0.8"]
+  assert holds["value"] == pytest.approx(0.2)
+  assert holds["verdict"] == "did not hold"
+
+
+def test_the_drop_claim_is_at_the_configured_threshold():
+  """Soteria 40 % reaches SSIM 0.15 (protective at 0.2, not at 0.1), 80 %
+  SSIM 0.05 with 10 points less accuracy: at the configured 0.2 the claim
+  is Soteria 40 %'s drop, 0."""
+  _, claims = _claims({
+      ("none", 0.0): _point(0, 0.9, 0.001, 0.95),
+      ("soteria", 40.0): _point(40, 0.9, 0.2, 0.15),
+      ("soteria", 80.0): _point(80, 0.8, 0.5, 0.05)})
+  drop = claims["Soteria's accuracy drop where reconstructions become "
+                "unrecognisable (best-of SSIM <= 0.2)"]
+  assert drop["statistic"] == "paired drop at strength 40.0"
+  assert drop["value"] == pytest.approx(0.0) and drop["verdict"] == "held"
+
+
+def test_the_drop_claim_does_not_hold_where_training_diverged():
+  _, claims = _claims({
+      ("none", 0.0): _point(0, 0.9, 0.001, 0.95),
+      ("soteria", 40.0): _point(40, [0.9, float("nan"), 0.9], 0.2, 0.15)})
+  drop = claims["Soteria's accuracy drop where reconstructions become "
+                "unrecognisable (best-of SSIM <= 0.2)"]
+  assert drop["verdict"] == "did not hold (training diverged)"
 
 
 def _update_stage(ssims, success_ssim=0.6):

@@ -30,7 +30,11 @@ Registered names (:data:`ATTACKS`):
 
 A variant fixes some settings (iDLG ``infer_label=True``, the views' flags):
 a user value that contradicts one raises a ``ValueError`` naming the field
-(:meth:`Attack.make_config`) instead of being overwritten.
+(:meth:`Attack.make_config`) instead of being overwritten. A view's flag at
+its default cannot be told from one left unset, so it takes the variant's
+value: ``view=GradientView(drop_bias=False)`` with ``dlg_drop`` drops the
+defended kernel only, and ``GradientView(drop_defended=False)`` there is
+the plain view's default, not a refusal of the drop (use ``dlg`` for that).
 """
 
 from __future__ import annotations

@@ -360,7 +360,8 @@ def infer_labels(model: models_lib.Model, shared_grads: Params,
   over F is ``sum(r) (p_k - y_k)``, negative only for the true class: the
   label is the argmin over K of the column sums.
 
-  A batch: the bias gradient ``mean_b (p_b - y_b)`` (untouched by Soteria) is
+  A batch: the bias gradient ``mean_b (p_b - y_b)`` (untouched by Soteria
+  unless ``protect_bias``) is
   negative for the classes present (kernel column sums when there is no
   bias). Those classes, most negative first, fill the labels; if fewer
   classes are negative than images, the rest repeat the most negative class.

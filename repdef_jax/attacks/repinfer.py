@@ -640,6 +640,16 @@ def reconstruct(model: models_lib.Model, params: Params, target: Any,
   return jax.nn.sigmoid(z), losses
 
 
+@functools.lru_cache(maxsize=16)
+def jitted_reconstruction(model: models_lib.Model, steps: int) -> Callable:
+  """``fn(params, r_target, key=)``: one jitted
+  :func:`reconstruct_from_representation` on ``model.input_shape`` per
+  model and ``steps``, compiled once (a new ``jax.jit`` per update would
+  compile again for every one)."""
+  return jax.jit(functools.partial(reconstruct_from_representation, model,
+                                   x_shape=model.input_shape, steps=steps))
+
+
 def reconstruct_from_representation(model: models_lib.Model, params: Params,
                                     r_target: jax.Array,
                                     x_shape: Sequence[int], key: jax.Array, *,

@@ -59,14 +59,20 @@ def _require_model(name: str, model: Any) -> models_lib.Model:
 
 def check_strength(name: str, strength: Any, where: str = "strength"
                    ) -> None:
-  """Raises a ValueError naming ``where`` unless ``strength`` suits defense
-  ``name``: a percent in [0, 100] for Soteria and compression, a finite
-  scale >= 0 for the DP noise (checks that need no model)."""
+  """Raises a ValueError naming ``where`` unless ``name`` is one of
+  :data:`DEFENSE_NAMES` and ``strength`` suits it: a percent in [0, 100]
+  for Soteria and compression, a finite scale >= 0 for the DP noise and
+  DP-SGD's noise multiplier (checks that need no model)."""
+  if name not in DEFENSE_NAMES:
+    raise ValueError(f"{where}: unknown defense {name!r}; valid names: "
+                     f"{', '.join(DEFENSE_NAMES)}.")
   try:
     if name in ("soteria", "compression"):
       soteria.check_percent(strength)
     elif name in ("dp_gaussian", "dp_laplace"):
       get_defense(name, strength)
+    elif name == "dp_sgd":
+      baselines.check_scale(strength, "noise_multiplier")
   except ValueError as error:
     raise ValueError(f"{where} ({name}): {error}") from None
 

@@ -17,6 +17,7 @@ spirit of ``optax.chain`` (each gets its own key from ``fold_in``).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -85,9 +86,15 @@ def check_key(key: Any) -> None:
   dtype, shape = getattr(key, "dtype", None), jnp.shape(key)
   if dtype is None or not (
       (jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()) or
-      (dtype == jnp.uint32 and len(shape) == 1)):
+      (dtype == jnp.uint32 and shape == _raw_key_shape())):
     raise ValueError("key must be one PRNG key (jax.random.key(seed)); got "
                      f"{key!r}.")
+
+
+@functools.cache
+def _raw_key_shape() -> tuple[int, ...]:
+  """The shape of a raw key of JAX's default PRNG (``(2,)`` for threefry)."""
+  return tuple(jax.random.PRNGKey(0).shape)
 
 
 def identity() -> Defense:
@@ -99,15 +106,20 @@ def chain(*defenses: Defense) -> Defense:
   """Applies ``defenses`` in order; info keys are prefixed by position/name.
 
   Args:
-    *defenses: the defenses, first applied first.
+    *defenses: the defenses, first applied first (one alone is wrapped the
+      same way, its key ``fold_in(key, 0)``: appending a member never
+      changes the noise of those before it).
 
   Returns:
     A defense whose key for the i-th member is ``fold_in(key, i)``.
+
+  Raises:
+    ValueError: a member is not a :class:`Defense`.
   """
+  for d in defenses:
+    check_is_defense(d)
   if not defenses:
     return identity()
-  if len(defenses) == 1:
-    return defenses[0]
 
   def apply(grads, batch, key):
     info = {}

@@ -64,7 +64,7 @@ def _as_float(value: Any) -> float:
     return math.nan
 
 
-def _check_scale(scale: Any, name: str = "scale") -> float:
+def check_scale(scale: Any, name: str = "scale") -> float:
   try:
     value = float(scale)
   except (TypeError, ValueError):
@@ -130,7 +130,7 @@ def dp_gaussian(scale: Any) -> base.Defense:
   Args:
     scale: noise standard deviation, >= 0 (the paper used 1e-4 to 1e-1).
   """
-  return _noise_defense("dp_gaussian", _check_scale(scale),
+  return _noise_defense("dp_gaussian", check_scale(scale),
                         jax.random.normal)
 
 
@@ -140,7 +140,7 @@ def dp_laplace(scale: Any) -> base.Defense:
   Args:
     scale: Laplace scale ``b``, >= 0.
   """
-  return _noise_defense("dp_laplace", _check_scale(scale), jax.random.laplace)
+  return _noise_defense("dp_laplace", check_scale(scale), jax.random.laplace)
 
 
 def clip_by_global_norm(tree: Params, clip_norm: float) -> tuple[Params,
@@ -183,11 +183,11 @@ def dp_sgd(model: models_lib.Model, clip_norm: Any,
   """
   if not isinstance(model, models_lib.Model):
     raise ValueError(f"model must be a repdef_jax Model, got {type(model)}.")
-  clip = _check_scale(clip_norm, "clip_norm")
+  clip = check_scale(clip_norm, "clip_norm")
   if clip <= 0:
     raise ValueError(f"clip_norm must be a finite number > 0, got "
                      f"{clip_norm!r}.")
-  sigma = _check_scale(noise_multiplier, "noise_multiplier")
+  sigma = check_scale(noise_multiplier, "noise_multiplier")
   if normalizer not in DP_SGD_NORMALIZERS:
     raise ValueError(f"normalizer must be one of {DP_SGD_NORMALIZERS}, got "
                      f"{normalizer!r}.")
@@ -240,7 +240,7 @@ def dp_sgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int,
   """
   import dp_accounting  # pylint: disable=g-import-not-at-top
 
-  sigma = _check_scale(noise_multiplier, "noise_multiplier")
+  sigma = check_scale(noise_multiplier, "noise_multiplier")
   if not 0.0 < _as_float(sample_rate) <= 1.0:
     raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}.")
   if (isinstance(steps, bool) or

@@ -82,9 +82,15 @@ def spectral_norm_power(features_fn: Callable[[jax.Array], jax.Array],
   return jnp.linalg.norm(jvp_fn(v))
 
 
+def _bound(dist: jax.Array, sigma: jax.Array) -> jax.Array:
+  """``dist / sigma``, 0 where ``sigma`` is 0."""
+  return jnp.where(sigma > 0, dist / jnp.where(sigma > 0, sigma, 1.0), 0.0)
+
+
 def certified_bound_fn(features_fn: Callable[[jax.Array], jax.Array],
                        x: jax.Array, keep_mask: jax.Array,
-                       chunk: int | None = None) -> jax.Array:
+                       chunk: int | None = None,
+                       sigma: jax.Array | None = None) -> jax.Array:
   """Theorem 1 bound for a feature map ``features_fn`` (one image -> [F]).
 
   Args:
@@ -93,19 +99,31 @@ def certified_bound_fn(features_fn: Callable[[jax.Array], jax.Array],
     keep_mask: ``[F]`` (one mask for the batch) or ``[B, F]`` keep-mask;
       ``r' = r * keep_mask``.
     chunk: Jacobian rows at a time (:func:`jacobian_spectral_norms`).
+    sigma: ``[B]`` spectral norms of these images' Jacobians, as
+      :func:`jacobian_spectral_norms` gives them; pass them to bound the
+      same images under several masks without a Jacobian and SVD each time.
 
   Returns:
     ``||r - r'||_2 / ||J||_2`` per image, ``[B]`` (0 where ``J`` is 0).
+
+  Raises:
+    ValueError: ``keep_mask`` is neither ``[F]`` nor ``[B, F]``.
   """
-  r, sigma = jacobian_spectral_norms(features_fn, x, chunk)
+  f = tuple(jax.eval_shape(features_fn, x[0]).shape)
+  if jnp.shape(keep_mask) not in (f, (x.shape[0],) + f):
+    raise ValueError(f"keep_mask must have shape [F] = {f} or [B, F] = "
+                     f"{(x.shape[0],) + f}, got {jnp.shape(keep_mask)}.")
+  if sigma is None:
+    r, sigma = jacobian_spectral_norms(features_fn, x, chunk)
+  else:
+    r = jax.vmap(features_fn)(x)
   delta = r * (1 - jnp.broadcast_to(keep_mask, r.shape).astype(r.dtype))
-  num = jnp.linalg.norm(delta, axis=-1)
-  return jnp.where(sigma > 0, num / jnp.where(sigma > 0, sigma, 1.0), 0.0)
+  return _bound(jnp.linalg.norm(delta, axis=-1), sigma)
 
 
 def certified_bound(model: models_lib.Model, params: Params, x: jax.Array,
-                    keep_mask: jax.Array, chunk: int | None = None
-                    ) -> jax.Array:
+                    keep_mask: jax.Array, chunk: int | None = None,
+                    sigma: jax.Array | None = None) -> jax.Array:
   """Certified lower bound on ``||X - X'||_2`` per image (Theorem 1).
 
   Args:
@@ -115,12 +133,14 @@ def certified_bound(model: models_lib.Model, params: Params, x: jax.Array,
     x: images ``[B, H, W, C]``.
     keep_mask: the Soteria keep-mask ``[F]`` (or ``[B, F]``).
     chunk: Jacobian rows at a time (:func:`jacobian_spectral_norms`).
+    sigma: precomputed spectral norms (see :func:`certified_bound_fn`).
 
   Returns:
     ``[B]`` bounds, first order under Assumption 1 (see module docstring).
   """
   model.check_input(x)
-  return certified_bound_fn(model.feature_fn(params), x, keep_mask, chunk)
+  return certified_bound_fn(model.feature_fn(params), x, keep_mask, chunk,
+                            sigma)
 
 
 def representation_distance(model: models_lib.Model, params: Params,
@@ -136,12 +156,14 @@ def input_distance(x: jax.Array, x_rec: jax.Array) -> jax.Array:
 
 
 def empirical_bound(model: models_lib.Model, params: Params, x: jax.Array,
-                    x_rec: jax.Array, chunk: int | None = None) -> jax.Array:
+                    x_rec: jax.Array, chunk: int | None = None,
+                    sigma: jax.Array | None = None) -> jax.Array:
   """First-order lower bound on ``||X - X'||`` implied by ``f(X')``.
 
   ``||f(X) - f(X')|| / ||J(X)||_2`` per image; for a reconstruction with
-  ``f(X') = r'`` it equals :func:`certified_bound` (``chunk``: as there).
+  ``f(X') = r'`` it equals :func:`certified_bound` (``chunk``, ``sigma``:
+  as there).
   """
-  _, sigma = jacobian_spectral_norms(model.feature_fn(params), x, chunk)
-  dist = representation_distance(model, params, x, x_rec)
-  return jnp.where(sigma > 0, dist / jnp.where(sigma > 0, sigma, 1.0), 0.0)
+  if sigma is None:
+    _, sigma = jacobian_spectral_norms(model.feature_fn(params), x, chunk)
+  return _bound(representation_distance(model, params, x, x_rec), sigma)

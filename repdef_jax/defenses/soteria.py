@@ -406,9 +406,12 @@ def feature_scores(features_fn: Callable[[jax.Array], jax.Array],
     Scores ``[F]``.
 
   Raises:
-    ValueError: bad ``score`` / ``jacobian`` or non 1-D ``features_fn``.
+    ValueError: bad ``score`` / ``jacobian`` / ``eps`` or non 1-D
+      ``features_fn``.
   """
   _check_choice(score, SCORES, "score")
+  if not isinstance(eps, jax.core.Tracer):
+    _check_eps(eps)
   r, jac = features_and_jacobian(features_fn, x, jacobian=jacobian)
   return scores_from_jacobian(r, jac, score=score, eps=eps, weights=weights)
 
@@ -650,8 +653,21 @@ def q0_perturbation(ctx: PerturbationInputs,
   return keep, pruning_info(keep, ctx.active)
 
 
+def _check_eps(eps: Any, default: str = "") -> float:
+  """``eps`` as a float; a ValueError unless it is a finite number >= 0."""
+  try:
+    v = math.nan if isinstance(eps, (bool, str)) else float(eps)
+  except (TypeError, ValueError):
+    v = math.nan
+  if not (math.isfinite(v) and v >= 0):
+    raise ValueError(f"eps must be a finite number >= 0{default}, got "
+                     f"{eps!r}.")
+  return v
+
+
 def _resolve_q(q: Any) -> str:
-  name = f"q{q}" if isinstance(q, int) else str(q)
+  name = (f"q{int(q)}" if isinstance(q, numbers.Integral) and
+          not isinstance(q, bool) else str(q))
   if name not in PERTURBATIONS:
     raise ValueError(f"q must name a registered perturbation, one of "
                      f"{tuple(PERTURBATIONS)} (or its integer q); got {q!r}.")
@@ -717,16 +733,11 @@ def soteria(model: models_lib.Model,
   _check_choice(jacobian, JACOBIAN_MODES, "jacobian")
   qname = _resolve_q(q)
   _check_strength(percent, qname)
-  if eps is None:
-    eps = model.score_eps
-  else:
-    try:
-      eps = float(eps)
-    except (TypeError, ValueError):
-      eps = math.nan
-    if not (math.isfinite(eps) and eps >= 0):
-      raise ValueError(f"eps must be a finite number >= 0 (or None for "
-                       f"model.score_eps), got {eps!r}.")
+  eps = model.score_eps if eps is None else _check_eps(
+      eps, " (or None for model.score_eps)")
+  if not isinstance(protect_bias, (bool, np.bool_)):
+    raise ValueError(f"protect_bias must be True or False, got "
+                     f"{protect_bias!r}.")
   _check_chunk(jacobian_chunk, "jacobian_chunk")
   if jacobian_conv_impl is not None:
     _check_choice(jacobian_conv_impl, models_lib.CONV_IMPLS,

@@ -46,7 +46,6 @@ Departures:
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import numbers
@@ -83,6 +82,7 @@ from repdef_jax import metrics as metrics_lib
 from repdef_jax import models as models_lib
 from repdef_jax import schedules
 from repdef_jax import storage
+from repdef_jax.attacks import base as attacks_base
 from repdef_jax.attacks import repinfer
 from repdef_jax.defenses import base as defenses_base
 
@@ -432,7 +432,8 @@ class AuditingFedAvg(FedAvg):
       attack: see the class docstring.
       client_lr: the clients' learning rate (to rescale updates).
       attack_config: the attack's config (``DLGConfig`` / ``GSConfig``).
-      attack_overrides: fields replaced in it (e.g. ``{'iterations': 500}``).
+      attack_overrides: fields replaced in it (e.g. ``{'outer_steps': 50}``
+        for DLG, ``{'iterations': 500}`` for GS).
       num_images: images per update (default: the reply's ``num-examples``).
       reference_data: ``partition_id -> (x, y)``, the images a client trains
         on (for metrics; an auditor's privilege, not the attack's input).
@@ -443,8 +444,11 @@ class AuditingFedAvg(FedAvg):
       **fedavg_kwargs: ``FedAvg``'s arguments (``fraction_train`` ...).
 
     Raises:
-      ValueError: unknown attack (lists the valid ones), a client_lr that is
-        not a finite number > 0, or max_audits_per_round < 1.
+      ValueError: unknown attack (lists the valid ones), an attack config
+        of another class or one that contradicts the attack, a client_lr
+        that is not a finite number > 0, num_images / max_audits_per_round
+        / repinfer_steps not an int >= 1, a seed that is not an int.
+      TypeError: an override that is no field of the attack's config.
     """
     if attack not in AUDIT_ATTACKS:
       raise ValueError(f"Unknown attack {attack!r}; valid attacks: "
@@ -462,11 +466,22 @@ class AuditingFedAvg(FedAvg):
         max_audits_per_round < 1):
       raise ValueError(f"max_audits_per_round must be an int >= 1 or None "
                        f"(every update), got {max_audits_per_round!r}.")
+    if num_images is not None:
+      attacks_base.check_num_images(num_images)
+    attacks_base.check_int_value(repinfer_steps, "repinfer_steps", 1)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+      raise ValueError(f"seed must be an integer, got {seed!r}.")
+    if attack == REPINFER:
+      if attack_config is not None or attack_overrides:
+        raise ValueError("attack 'repinfer' takes repinfer_steps, not "
+                         "attack_config / attack_overrides.")
+      self._attack_config = None
+    else:  # Checked now, not after the first training round.
+      self._attack_config = attacks_lib.get_attack(attack).make_config(
+          attack_config, **(attack_overrides or {}))
     super().__init__(**fedavg_kwargs)
     self.model, self.attack = model, attack
     self.client_lr = float(client_lr)
-    self.attack_config, self.attack_overrides = attack_config, dict(
-        attack_overrides or {})
     self.num_images, self.reference_data = num_images, reference_data
     self.workdir, self.seed = workdir, seed
     self.max_audits_per_round = max_audits_per_round
@@ -520,11 +535,9 @@ class AuditingFedAvg(FedAvg):
     else:
       grads = jax.tree_util.tree_map(
           lambda u: -u / (self.client_lr * steps), update)
-      attack = attacks_lib.get_attack(self.attack)
-      config = attack.make_config(self.attack_config,
-                                  **self.attack_overrides)
-      result = attacks_lib.to_host(attack.fn(
-          self.model, params, grads, num, key, labels=None, config=config))
+      result = attacks_lib.to_host(attacks_lib.get_attack(self.attack).fn(
+          self.model, params, grads, num, key, labels=None,
+          config=self._attack_config))
       x_rec, classes = np.asarray(result.x_rec), None
       record.update(attack_loss=float(result.final_loss),
                     diverged=bool(result.diverged), num_images=num)
@@ -557,9 +570,7 @@ class AuditingFedAvg(FedAvg):
     reps = repinfer.infer_representations(self.model, update)
     layer = self.model.fc_layers[-1]  # The input of the defended layer.
     classes = sorted(reps)
-    fn = jax.jit(functools.partial(
-        repinfer.reconstruct_from_representation, self.model,
-        x_shape=self.model.input_shape, steps=self.repinfer_steps))
+    fn = repinfer.jitted_reconstruction(self.model, self.repinfer_steps)
     images = [np.asarray(fn(params, jnp.asarray(reps[c][layer]),
                             key=jax.random.fold_in(key, c))[0])
               for c in classes]

@@ -127,7 +127,9 @@ def _median_ratio_ci(pairs: list[tuple[Point, Point]], metric: str,
     m = {key: draw().mean() for key, draw in draws.items()}
     boot[i] = np.median([m[id(a)] / max(m[id(b)], 1e-300) for a, b in pairs])
   lo, hi = np.quantile(boot, [0.025, 0.975])
-  if any(_seeds_lost(p, metric) for p in cells.values()):
+  # As ratio_ci: no interval from one value, nor over one seed's images.
+  if any(v.size < 2 for v, _ in values.values()) or any(
+      _seeds_lost(p, metric) for p in cells.values()):
     lo = hi = None
   return {"value": value, "low": None if lo is None else float(lo),
           "high": None if hi is None else float(hi), "n": len(pairs)}

@@ -322,11 +322,7 @@ def defend_and_attack(model: models_lib.Model, params: Params,
 
 def _check_defense(where: str, name: Any, strength: Any) -> None:
   """Raises a ValueError naming ``where`` unless ``defense(strength)`` is
-  valid: a known name, a percent in [0, 100] for Soteria and compression, a
-  finite scale >= 0 for the DP noise."""
-  if name not in defenses_lib.DEFENSE_NAMES:
-    raise ValueError(f"{where}: unknown defense {name!r}; valid names: "
-                     f"{', '.join(defenses_lib.DEFENSE_NAMES)}.")
+  valid (:func:`repdef_jax.defenses.check_strength`)."""
   defenses_lib.check_strength(name, strength, where)
 
 

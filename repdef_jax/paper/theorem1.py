@@ -47,6 +47,8 @@ from repdef_jax.paper import stats
 # Jitted once per model (the model is static).
 _certified_bound = jax.jit(certify.certified_bound, static_argnums=0)
 _empirical_bound = jax.jit(certify.empirical_bound, static_argnums=0)
+_sigma = jax.jit(lambda model, params, x: certify.jacobian_spectral_norms(
+    model.feature_fn(params), x)[1], static_argnums=0)
 RESULT_FILE = "certified.json"
 PLOT_FILE = "certified.png"
 PIXEL_SPACE = ("[0,1]; distances are L2 norms over all pixels of the "
@@ -71,6 +73,9 @@ class _Panel:
                             allow_synthetic=config.allow_synthetic,
                             seed=seed))
     self.attacks = tuple(spec.attacks)
+    # ||J||_2 of each image: every rate and attack of the panel reuses it.
+    self.sigma = _sigma(self.model, self.params,
+                        jnp.asarray(self.images[:, 0]))
 
 
 def rate_cell(config: ml_collections.ConfigDict, panel: _Panel,
@@ -85,7 +90,8 @@ def rate_cell(config: ml_collections.ConfigDict, panel: _Panel,
   keep = ~jax.vmap(lambda g: objectives.pruned_rows(model, g))(shared)
   x = jnp.asarray(panel.images[:, 0])
   bound = np.asarray(_certified_bound(model, params, x,
-                                      keep.astype(jnp.float32)))
+                                      keep.astype(jnp.float32),
+                                      sigma=panel.sigma))
   entries, recs = batched.attack_suite(
       model, params, shared, panel.images, panel.labels, panel.attacks,
       k_attack, budgets=config.attack_budgets.to_dict(),
@@ -103,7 +109,8 @@ def rate_cell(config: ml_collections.ConfigDict, panel: _Panel,
     dist = np.sqrt(np.sum((x_rec - panel.images[:, 0]) ** 2,
                           axis=(1, 2, 3)))
     emp = np.asarray(_empirical_bound(model, params, x,
-                                      jnp.asarray(x_rec, jnp.float32)))
+                                      jnp.asarray(x_rec, jnp.float32),
+                                      sigma=panel.sigma))
     for i, entry in enumerate(entries):
       m = entry["attacks"][name]
       images[i]["attacks"][name] = {

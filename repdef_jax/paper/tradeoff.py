@@ -157,6 +157,12 @@ def _image_entry(suite: dict[str, Any]) -> dict[str, Any]:
           "best": suite["best"]}
 
 
+def update_attack_key(keys: harness.SweepKeys, rounds: int) -> jax.Array:
+  """The attack key of the real-update cell at round ``rounds`` (see the
+  known gap of docs/design.md: it is image ``rounds``'s attack key)."""
+  return jax.random.fold_in(keys.attack, rounds)
+
+
 def attack_cell(config, panel: _Panel, defense: str,
                 strength: float) -> dict[str, Any]:
   """The attack suite on each image's one-image gradient at round 0.
@@ -241,7 +247,7 @@ def update_cell(config, panel: _Panel, defense: str, strength: float,
   shared = jax.tree_util.tree_map(lambda u: -u / (lr * ua.local_steps), delta)
   suite = harness.attack_suite(
       panel.model, params, shared, x, y, tuple(ua.attacks),
-      jax.random.fold_in(panel.keys.attack, rounds),
+      update_attack_key(panel.keys, rounds),
       budgets=sweep.budgets(config, "update", panel.name),
       give_labels=config.give_labels)
   return {"client": cid, "round": rounds, "labels": y.tolist(),
