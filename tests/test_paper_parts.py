@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from repdef_jax import models
+from repdef_jax import storage
 from repdef_jax.paper import adaptive
 from repdef_jax.paper import batched
 from repdef_jax.paper import convergence
@@ -416,6 +417,18 @@ def test_visual_claims_follow_rules():
   points[0] = _point("none", 0.0, [0.3, 0.2, 0.1])
   assert {r["verdict"] for r in visual.claims(config, points)} == {
       "inconclusive (attacks fail undefended)"}
+  # It succeeds on exactly half of the undefended images: decided.
+  points[0] = _point("none", 0.0, [0.9, 0.8, 0.1, 0.2])
+  assert [r["verdict"] for r in visual.claims(config, points)] == [
+      "did not hold", "did not hold"]
+
+
+def test_adaptive_verdict_when_every_defended_run_diverged():
+  none = {"mean": None, "low": None, "high": None, "n": 0}
+  assert adaptive.verdict(none, 1.0, 0.2) == "n/a (every run diverged)"
+  assert adaptive.verdict(none, 0.4, 0.2) == "n/a (attack fails undefended)"
+  low = {"mean": 0.1, "low": 0.05, "high": 0.15, "n": 9}
+  assert adaptive.verdict(low, 0.5, 0.2) == "holds"
 
 
 def _gs_point(defense, strength, gs, best):
@@ -656,6 +669,28 @@ def test_adaptive_table_mixes_attack_families():
   assert len(t["header"]) == 10 and all(len(r) == 10 for r in t["rows"])
   assert [r[4:6] for r in t["rows"]] == [[0.0, "dlg, dlg_drop, dlg_mask"],
                                          ["-", "gs, gs_drop, gs_mask"]]
+
+
+def test_adaptive_table_gives_the_undefended_success_rate(tmp_path):
+  """The rate that decides whether a defended row gets a verdict is on the
+  undefended row (a mean SSIM of 0.54 can be a success rate of 0.33), and
+  refresh_tables re-renders a committed run with it."""
+  undefended = {"ssim": {"mean": 0.54, "low": 0.3, "high": 0.8, "n": 9},
+                "undefended_success_rate": 1 / 3, "verdict": "undefended"}
+  defended = {"ssim": {"mean": 0.1, "low": 0.0, "high": 0.2, "n": 9},
+              "undefended_success_rate": 1 / 3,
+              "verdict": "n/a (attack fails undefended)"}
+  rows = [{"panel": "leakage_mnist", "stage": "init", "variant": v,
+           "rate": r, "attacks": {"gs": a}}
+          for v, r, a in (("none", 0.0, undefended),
+                          ("reference", 80.0, defended))]
+  t = adaptive.table(rows)
+  assert t["rows"][0][-1] == "0.54 [0.3, 0.8] undefended (success 0.333)"
+  assert t["rows"][1][-1] == "0.1 [0, 0.2] n/a (attack fails undefended)"
+  path = str(tmp_path / "adaptive.json")
+  storage.write_json(path, {"rows": rows, "tables": []})
+  assert adaptive.refresh_tables(path)["tables"] == [t]
+  assert storage.read_json(path)["tables"] == [t]
 
 
 def test_batched_summary_median_and_mean_of_finite_values():

@@ -43,6 +43,7 @@ from repdef_jax import storage
 from repdef_jax import training
 from repdef_jax.paper import batched
 from repdef_jax.paper import harness
+from repdef_jax.paper import report as report_lib
 from repdef_jax.paper import stats
 from repdef_jax.paper import sweep
 
@@ -282,13 +283,21 @@ def claims(config: ml_collections.ConfigDict,
 
 def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
   """Every row: the share of active features the defense pruned, and per
-  attack and best-of, mean SSIM [95 % interval] and the verdict (a report
-  table)."""
+  attack and best-of, mean SSIM [95 % interval] and the verdict; on the
+  undefended rows the attack's success rate, which decides whether the
+  defended rows get a verdict (a report table)."""
+
+  def cell(a):
+    text = f"{batched.interval(a['ssim'])} {a['verdict']}"
+    rate = a.get("undefended_success_rate")
+    if a["verdict"] == "undefended" and rate is not None:
+      text += f" (success {report_lib.fmt(rate)})"
+    return text
+
   out = []
   for r in rows:  # Attacks in suite order (plain, drop, mask), then best.
     names = list(r["attacks"])
-    cells = [f"{batched.interval(a['ssim'])} {a['verdict']}"
-             for a in r["attacks"].values()]
+    cells = [cell(a) for a in r["attacks"].values()]
     of_active = r.get("defense/pruned_fraction_of_active")
     out.append([r["panel"], r["stage"], r["variant"], r["rate"],
                 "-" if of_active is None else round(100 * of_active, 1),
@@ -303,6 +312,22 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
                      "attacks", "plain", "drop", "mask",
                      "best"][:6 + width],
           "rows": out}
+
+
+def refresh_tables(path: str) -> dict[str, Any]:
+  """Re-renders a finished run's ``tables`` from its ``rows`` (for a table
+  whose layout changed after the run; nothing is recomputed).
+
+  Args:
+    path: an ``adaptive.json``, rewritten atomically.
+
+  Returns:
+    The updated result.
+  """
+  result = storage.read_json(path)
+  result["tables"] = [table(result["rows"])]
+  storage.write_json(path, harness.jsonable(result))
+  return result
 
 
 # --------------------------------------------------------------------------
