@@ -207,18 +207,25 @@ class FedAvgConfig:
     if self.weighting not in WEIGHTINGS:
       raise ValueError(f"weighting must be one of {WEIGHTINGS}, got "
                        f"{self.weighting!r}.")
-    if isinstance(self.l2, bool) or not isinstance(
-        self.l2, numbers.Real) or not (math.isfinite(self.l2) and
-                                       self.l2 >= 0):
+    try:  # A real number or a 0-d numeric array (jnp.float32(0.01)).
+      l2 = (math.nan if isinstance(self.l2, (bool, str)) or np.ndim(self.l2)
+            else float(self.l2))
+    except (TypeError, ValueError):
+      l2 = math.nan
+    if not (math.isfinite(l2) and l2 >= 0):
       raise ValueError(f"l2 must be a finite number >= 0, got {self.l2!r}.")
-    if not isinstance(self.replace, (bool, np.bool_)):
+    flag = np.asarray(self.replace)  # True / False, 0 / 1, 0-d arrays.
+    if flag.ndim or not (flag.dtype == bool or
+                         np.issubdtype(flag.dtype, np.integer)) or (
+                             int(flag) not in (0, 1)):
       raise ValueError(f"replace must be True or False, got "
                        f"{self.replace!r}.")
-    if self.server_optimizer is not None and not isinstance(
-        self.server_optimizer, optax.GradientTransformation):
-      raise ValueError("server_optimizer must be an optax "
-                       "GradientTransformation or None (plain FedAvg), got "
-                       f"{self.server_optimizer!r}.")
+    opt = self.server_optimizer
+    if opt is not None and not (callable(getattr(opt, "init", None)) and
+                                callable(getattr(opt, "update", None))):
+      raise ValueError("server_optimizer must be an optax transformation "
+                       "(init and update) or None (plain FedAvg), got "
+                       f"{opt!r}.")
     if not callable(self.client_lr):
       schedules.check_rate(self.client_lr, "client_lr",
                            "a finite number > 0 or a schedule (callable)")

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from repdef_jax import gradients
 from repdef_jax import models
@@ -170,5 +171,16 @@ def test_precomputed_spectral_norms_give_the_same_bounds():
   np.testing.assert_allclose(
       C.empirical_bound(model, params, x, x_rec, sigma=sigma),
       C.empirical_bound(model, params, x, x_rec), rtol=1e-6)
-  assert float(jnp.min(C.certified_bound(model, params, x, keep,
-                                          sigma=sigma))) > 0
+  bound = C.certified_bound(model, params, x, keep, sigma=sigma)
+  assert float(jnp.min(bound)) > 0
+  # The given norms are the ones used: twice the norm, half the bound.
+  np.testing.assert_allclose(
+      C.certified_bound(model, params, x, keep, sigma=2 * sigma), bound / 2,
+      rtol=1e-6)
+  np.testing.assert_allclose(
+      C.empirical_bound(model, params, x, x_rec, sigma=2 * sigma),
+      C.empirical_bound(model, params, x, x_rec, sigma=sigma) / 2, rtol=1e-6)
+  with pytest.raises(ValueError, match=r"sigma must have shape \[B\]"):
+    C.certified_bound(model, params, x, keep, sigma=sigma[None])
+  with pytest.raises(ValueError, match=r"sigma must have shape \[B\]"):
+    C.empirical_bound(model, params, x, x_rec, sigma=sigma[:2])

@@ -331,6 +331,15 @@ def test_bad_inputs_raise(model):
   for bad in (0, -1, 2.5):
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
       fedavg.make_eval_data(np.zeros((5, 4, 4, 1)), np.zeros(5), bad)
+  # What the type checks still take: the numbers and flags JAX, NumPy and
+  # optax users pass.
+  for ok in (dict(l2=jnp.float32(0.01)), dict(l2=np.float64(0.0)),
+             dict(replace=0), dict(replace=jnp.bool_(True)),
+             dict(clients_per_round=np.int64(3)),
+             dict(server_optimizer=optax.MultiSteps(optax.sgd(1.0), 2)),
+             dict(server_optimizer=optax.inject_hyperparams(optax.sgd)(
+                 learning_rate=1.0))):
+    fedavg.FedAvgConfig(**ok).validate()
 
 
 def test_a_defense_that_breaks_the_contract_is_named(model):

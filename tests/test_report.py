@@ -239,10 +239,20 @@ def test_convergence_section_states_its_setting_and_interval(tmp_path):
   text = report.render({"convergence": {"claims": [], "base": base}},
                        workdir=str(tmp_path), report_dir=str(tmp_path))
   setting = next(l for l in text.splitlines() if l.startswith("Setting:"))
-  assert "logreg on mnist" in setting and "30 rounds" in setting
+  assert "logreg on mnist, 30 rounds" in setting
+  assert "rows with their own" not in setting
   assert "constant client learning rate 0.05" in setting
   assert "not that it converged" in setting
   assert f"Intervals: {report.SEED_VALUES_RULE}." in text
+  # A row with its own run config says so, with what it changes.
+  rows = [{"name": "I5_K10_lenet_none", "overrides": {
+      "model": "lenet", "rounds": 200, "client_lr": 0.1, "l2": 0.0,
+      "log_every": 20}}]
+  text = report.render({"convergence": {"claims": [], "base": base,
+                                        "settings": rows}},
+                       workdir=str(tmp_path), report_dir=str(tmp_path))
+  assert ("(rows with their own settings: I5_K10_lenet_none: model lenet, "
+          "rounds 200, client_lr 0.1, l2 0)") in text
   base = {**base, "lr_schedule": "theorem2", "rounds": 200}
   text = report.render({"convergence": {"claims": [], "base": base}},
                        workdir=str(tmp_path), report_dir=str(tmp_path))

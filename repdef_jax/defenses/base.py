@@ -86,14 +86,17 @@ def check_key(key: Any) -> None:
   dtype, shape = getattr(key, "dtype", None), jnp.shape(key)
   if dtype is None or not (
       (jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()) or
-      (dtype == jnp.uint32 and shape == _raw_key_shape())):
+      (dtype == jnp.uint32 and
+       shape == _raw_key_shape(jax.config.jax_default_prng_impl))):
     raise ValueError("key must be one PRNG key (jax.random.key(seed)); got "
                      f"{key!r}.")
 
 
 @functools.cache
-def _raw_key_shape() -> tuple[int, ...]:
-  """The shape of a raw key of JAX's default PRNG (``(2,)`` for threefry)."""
+def _raw_key_shape(impl: str) -> tuple[int, ...]:
+  """The shape of a raw key of JAX's default PRNG ``impl`` (``(2,)`` for
+  threefry, ``(4,)`` for rbg)."""
+  del impl  # The cache key: the shape follows the default implementation.
   return tuple(jax.random.PRNGKey(0).shape)
 
 

@@ -82,6 +82,12 @@ def spectral_norm_power(features_fn: Callable[[jax.Array], jax.Array],
   return jnp.linalg.norm(jvp_fn(v))
 
 
+def _check_sigma(sigma: jax.Array, batch: int) -> None:
+  if jnp.shape(sigma) != (batch,):
+    raise ValueError(f"sigma must have shape [B] = ({batch},), got "
+                     f"{jnp.shape(sigma)}.")
+
+
 def _bound(dist: jax.Array, sigma: jax.Array) -> jax.Array:
   """``dist / sigma``, 0 where ``sigma`` is 0."""
   return jnp.where(sigma > 0, dist / jnp.where(sigma > 0, sigma, 1.0), 0.0)
@@ -107,7 +113,8 @@ def certified_bound_fn(features_fn: Callable[[jax.Array], jax.Array],
     ``||r - r'||_2 / ||J||_2`` per image, ``[B]`` (0 where ``J`` is 0).
 
   Raises:
-    ValueError: ``keep_mask`` is neither ``[F]`` nor ``[B, F]``.
+    ValueError: ``keep_mask`` is neither ``[F]`` nor ``[B, F]``, or
+      ``sigma`` is not ``[B]``.
   """
   f = tuple(jax.eval_shape(features_fn, x[0]).shape)
   if jnp.shape(keep_mask) not in (f, (x.shape[0],) + f):
@@ -116,6 +123,7 @@ def certified_bound_fn(features_fn: Callable[[jax.Array], jax.Array],
   if sigma is None:
     r, sigma = jacobian_spectral_norms(features_fn, x, chunk)
   else:
+    _check_sigma(sigma, x.shape[0])
     r = jax.vmap(features_fn)(x)
   delta = r * (1 - jnp.broadcast_to(keep_mask, r.shape).astype(r.dtype))
   return _bound(jnp.linalg.norm(delta, axis=-1), sigma)
@@ -166,4 +174,5 @@ def empirical_bound(model: models_lib.Model, params: Params, x: jax.Array,
   """
   if sigma is None:
     _, sigma = jacobian_spectral_norms(model.feature_fn(params), x, chunk)
+  _check_sigma(sigma, x.shape[0])
   return _bound(representation_distance(model, params, x, x_rec), sigma)

@@ -307,7 +307,10 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
                    "verdict; 'pruned %': share of the active (non-zero) "
                    "features whose gradient rows the defense zeroed, mean "
                    "over the row's images; columns: the panel's plain, "
-                   "*_drop, *_mask attack and the best of them",
+                   "*_drop, *_mask attack and the best of them; "
+                   "'(success x)' on an undefended row: the share of its "
+                   "images the attack reconstructs (SSIM >= the success "
+                   "level), below 0.5 the defended rows get no verdict",
           "header": ["panel", "stage", "variant", "rate %", "pruned %",
                      "attacks", "plain", "drop", "mask",
                      "best"][:6 + width],

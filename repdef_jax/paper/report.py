@@ -135,24 +135,38 @@ def interval_rule(part: str, res: dict[str, Any]) -> str | None:
   return res.get("interval_rule") or LEGACY_INTERVAL_RULE
 
 
-def convergence_setting(base: dict[str, Any]) -> str:
+# Run-config keys of a convergence row's overrides that change what it
+# measures (the rest: checkpoints, logging).
+_SETTING_KEYS = ("model", "model_init", "rounds", "lr_schedule", "client_lr",
+                 "local_steps", "batch_size", "l2")
+
+
+def convergence_setting(base: dict[str, Any],
+                        settings: list[dict[str, Any]] = ()) -> str:
   """What the convergence part's F(w_0) - F(w_T) was measured over (from
-  its ``base`` run config), and what that statistic does not show."""
+  its ``base`` run config and each row's ``overrides``), and what that
+  statistic does not show."""
   schedule = ("Theorem 2's decaying rate 2 / (mu (gamma + t))"
               if base["lr_schedule"] == "theorem2" else
               f"{base['lr_schedule']} client learning rate "
               f"{fmt(base['client_lr'])}")
-  return (f"{base['model']} on {base['dataset']} unless a row names another "
-          f"model, {base['rounds']} rounds, {schedule}, batch "
-          f"{base['batch_size']}, l2 {fmt(base['l2'])}. The statistic says "
-          "that the global objective decreased over these rounds, not that "
-          "it converged to the optimum (the paper ran 200 rounds on MNIST)")
+  rows = [f"{s['name']}: " + ", ".join(
+      f"{k} {fmt(v)}" for k, v in s["overrides"].items()
+      if k in _SETTING_KEYS) for s in settings if s.get("overrides")]
+  return (f"{base['model']} on {base['dataset']}, {base['rounds']} rounds, "
+          f"{schedule}, batch {base['batch_size']}, l2 {fmt(base['l2'])}"
+          + (f" (rows with their own settings: {'; '.join(rows)})"
+             if rows else "") +
+          ". The statistic says that the global objective decreased over "
+          "these rounds, not that it converged to the optimum (the paper ran "
+          "200 rounds on MNIST)")
 
 
 def _section(part: str, res: dict[str, Any]) -> list[str]:
   lines = []
   if part == "convergence" and res.get("base"):
-    lines += [f"Setting: {convergence_setting(res['base'])}.", "",
+    setting = convergence_setting(res["base"], res.get("settings", []))
+    lines += [f"Setting: {setting}.", "",
               f"Intervals: {SEED_VALUES_RULE}.", ""]
   if res.get("pixel_space"):
     lines += [f"Pixel space: {res['pixel_space']}.", ""]
