@@ -557,8 +557,8 @@ def make_round(model: models_lib.Model,
   when ``test`` is given, ``global_loss`` when ``eval_global_loss``, and
   ``client_updates`` (the ``[K, ...]`` deltas exactly as the server received
   them) when ``return_client_updates``. ``probs`` (sampling probabilities,
-one per client; None: :func:`default_probs`) is checked for its shape when
-the round is traced; :func:`check_setup` checks its values on the host.
+  one per client; None: :func:`default_probs`) is checked for its shape when
+  the round is traced; :func:`check_setup` checks its values on the host.
 
   Args:
     model: the model.
