@@ -182,7 +182,7 @@ def dirichlet(labels: np.ndarray, *, num_clients: int, alpha: float,
   """
   labels = _as_labels(labels)
   _check_positive(num_clients=num_clients)
-  if (isinstance(alpha, (bool, np.bool_, str, bytes)) or
+  if (isinstance(alpha, (bool, np.bool_)) or
       not isinstance(alpha, (int, float, np.integer, np.floating)) or
       not (math.isfinite(alpha) and alpha > 0)):
     raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}.")

@@ -367,32 +367,28 @@ def _claims(points, undefended_success=1.0):
 
 
 def _panel_with(undefended_success):
-  config = tradeoff_cfg.get_config("tiny")
-  points = {("none", 0.0): _point(0, 0.9, 0.001, 0.95),
-            ("soteria", 50.0): _point(50, 0.9, 0.2, 0.1),
-            ("compression", 90.0): _point(90, 0.9, 0.001, 0.9),
-            ("compression", 99.0): _point(99, 0.6, 0.1, 0.15)}
-  panel = {"model": "m", "dataset": "d",
-           "undefended_success_rate": {"best": undefended_success},
-           **tradeoff.analyse_panel(points, config)}
-  return {c["claim"]: c for c in tradeoff.panel_claims("p", panel, config)}
+  return _claims({("none", 0.0): _point(0, 0.9, 0.001, 0.95),
+                  ("soteria", 50.0): _point(50, 0.9, 0.2, 0.1),
+                  ("compression", 90.0): _point(90, 0.9, 0.001, 0.9),
+                  ("compression", 99.0): _point(99, 0.6, 0.1, 0.15)},
+                 undefended_success)[1]
 
 
 def test_claims_follow_the_rules():
   claims = _panel_with(1.0)
-  ratio = claims["p (m/d): Soteria's MSE / compression's at equal accuracy"]
+  ratio = claims["Soteria's MSE / compression's at equal accuracy"]
   # Compression 90 (acc 0.9): Soteria 50 -> 200x; compression 99 (0.6) is
   # outside the common range [0.9, 0.9].
   assert ratio["value"] == pytest.approx(200.0)
   assert ratio["verdict"] == "held"
-  first = claims["p (m/d): same, at compression's first point with SSIM "
+  first = claims["same, at compression's first point with SSIM "
                  "<= 0.2"]
   assert first["value"] == pytest.approx(2.0)  # 0.2 / 0.1 at strength 99
   assert first["verdict"] == "did not hold"
-  drop = claims["p (m/d): Soteria's accuracy drop where reconstructions "
+  drop = claims["Soteria's accuracy drop where reconstructions "
                 "become unrecognisable (best-of SSIM <= 0.2)"]
   assert drop["value"] == pytest.approx(0.0) and drop["verdict"] == "held"
-  holds = claims["p (m/d): accuracy holds until MSE 0.8"]
+  holds = claims["accuracy holds until MSE 0.8"]
   assert holds["value"] == pytest.approx(0.2)
   assert holds["verdict"] == "did not hold"
 
@@ -489,17 +485,13 @@ def test_claims_at_half_undefended_success_and_the_most_private_holding():
   """An undefended success rate of exactly 0.5 lets the claims be decided;
   "accuracy holds" takes the most private Soteria point whose paired drop is
   <= 1 point on every seed (one diverged seed disqualifies a point)."""
-  config = tradeoff_cfg.get_config("tiny")
-  points = {("none", 0.0): _point(0, 0.9, 0.001, 0.95),
-            ("soteria", 50.0): _point(50, 0.9, 0.2, 0.1),
-            ("soteria", 80.0): _point(80, 0.9, 0.9, 0.05),
-            ("soteria", 95.0): {**_point(95, 0.9, 2.0, 0.01),
-                                "accuracy": [0.9, 0.9, float("nan")]}}
-  panel = {"model": "m", "dataset": "d",
-           "undefended_success_rate": {"best": 0.5},
-           **tradeoff.analyse_panel(points, config)}
-  claims = {c["claim"]: c for c in tradeoff.panel_claims("p", panel, config)}
-  holds = claims["p (m/d): accuracy holds until MSE 0.8"]
+  _, claims = _claims({
+      ("none", 0.0): _point(0, 0.9, 0.001, 0.95),
+      ("soteria", 50.0): _point(50, 0.9, 0.2, 0.1),
+      ("soteria", 80.0): _point(80, 0.9, 0.9, 0.05),
+      ("soteria", 95.0): {**_point(95, 0.9, 2.0, 0.01),
+                          "accuracy": [0.9, 0.9, float("nan")]}}, 0.5)
+  holds = claims["accuracy holds until MSE 0.8"]
   assert holds["value"] == pytest.approx(0.9)  # Soteria 80
   assert holds["verdict"] == "held"
   assert not any(c["verdict"].startswith("inconclusive") for c in

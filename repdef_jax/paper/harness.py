@@ -320,12 +320,6 @@ def defend_and_attack(model: models_lib.Model, params: Params,
 # Config checks every paper part shares.
 
 
-def _check_defense(where: str, name: Any, strength: Any) -> None:
-  """Raises a ValueError naming ``where`` unless ``defense(strength)`` is
-  valid (:func:`repdef_jax.defenses.check_strength`)."""
-  defenses_lib.check_strength(name, strength, where)
-
-
 def check_count(value: Any, name: str, low: int, note: str = "") -> None:
   """Raises a ValueError unless ``value`` is an int >= ``low`` (not a bool);
   ``note`` says what a boundary value means, e.g. '0: every setting'."""
@@ -385,14 +379,14 @@ def check_part_config(config: Any) -> None:
     if hasattr(table, "items"):  # convergence's 'defenses' is a list
       for name, strengths in table.items():
         for s in strengths:
-          _check_defense(key, name, s)
+          defenses_lib.check_strength(name, s, key)
   for name, strength in config.get("settings", ()):
-    _check_defense("settings", name, strength)
+    defenses_lib.check_strength(name, strength, "settings")
   rates = [("rates", r) for r in config.get("rates", ())]
   for variant, values in (config.get("variants") or {}).items():
     rates += [(f"variants.{variant}", r) for r in values]
   for where, rate in rates:
-    _check_defense(where, "soteria", rate)
+    defenses_lib.check_strength("soteria", rate, where)
   tables = [("attack_budgets", config.get("attack_budgets")),
             ("update_attack.budgets", update.get("budgets"))]
   tables += [(f"panels.{name}.attack_budgets", panel.get("attack_budgets"))

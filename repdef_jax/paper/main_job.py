@@ -162,8 +162,8 @@ def validate_config(config: Any) -> dict:
     raise ValueError(f"Unknown model {config['model']!r}; valid names: "
                      f"{', '.join(models.MODEL_NAMES)}.")
   config["init"] = resolve_init(config["init"], config["model"])
-  # Build the defense once (cheap, no data) so a bad strength is reported
-  # before a missing data directory.
+  # A bad strength is reported before a missing data directory: its check
+  # and the build of the model and defense need no data.
   defenses.check_strength(config["defense"], config["strength"])
   model, _ = _build(config)
   _check_attack_fits_model(config, model)

@@ -140,7 +140,7 @@ def die_with_parent() -> None:
   try:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # DEATHSIG
   except (OSError, AttributeError):
-    pass
+    pass  # A libc without prctl: the part then outlives a killed reproduce.
 
 
 def run_parts(preset: str, workdir: str, data_dir: str | None,
