@@ -13,19 +13,26 @@ passes to a schedule.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
 def check_rate(value: Any, name: str, accepted: str) -> None:
   """Raises ``ValueError('<name> must be <accepted>, got ...')`` unless
-  ``value`` is a finite number > 0 (a client or server learning rate)."""
-  try:
-    v = float(value)
-  except (TypeError, ValueError):
-    v = float("nan")
+  ``value`` is a finite real number > 0 (a client or server learning rate):
+  a Python, NumPy or 0-d array number, not a bool, a string or an array of
+  several values (which ``float`` alone would take or half-take)."""
+  v = float("nan")
+  if not (isinstance(value, (bool, np.bool_, str, bytes)) or np.ndim(value)
+          or np.iscomplexobj(value)):
+    try:
+      v = float(value)
+    except (TypeError, ValueError):
+      pass
   if not (math.isfinite(v) and v > 0):
     raise ValueError(f"{name} must be {accepted}, got {value!r}.")
 
@@ -71,13 +78,15 @@ def theorem2(mu: float, smoothness: float, local_steps: int) -> optax.Schedule:
 
 
 def _check(mu, smoothness, local_steps):
-  if not mu > 0:
-    raise ValueError(f"mu must be > 0 (strong convexity), got {mu}.")
+  check_rate(mu, "mu", "a finite number > 0 (strong convexity)")
+  check_rate(smoothness, "smoothness (L)", "a finite number >= mu")
   if not smoothness >= mu:
     raise ValueError(f"smoothness (L) must be >= mu, got smoothness="
                      f"{smoothness}, mu={mu}.")
-  if int(local_steps) < 1:
-    raise ValueError(f"local_steps must be >= 1, got {local_steps}.")
+  if (isinstance(local_steps, (bool, np.bool_)) or
+      not isinstance(local_steps, numbers.Integral) or local_steps < 1):
+    raise ValueError(f"local_steps must be an integer >= 1, got "
+                     f"{local_steps!r}.")
 
 
 def get_schedule(name: str, lr: float = 0.1, *, mu: float = 0.0,

@@ -84,6 +84,12 @@ RUNTIME_KEYS = ("rounds", "data_dir", "log_every", "plot", "num_devices",
                 "client_chunk", "checkpoint_every", "checkpoints_to_keep",
                 "coordinator_address", "num_processes", "process_id")
 
+# Settings added after runs were saved, with the value every earlier run used:
+# a saved config without one is read as having it, so adding a setting does
+# not refuse the resume of an older run (nor, in the paper package, reuse of
+# its cells).
+ADDED_KEYS = {"soteria_q": "q0"}
+
 
 def default_config() -> ml_collections.ConfigDict:
   """Every setting :func:`train_and_evaluate` reads, with defaults."""
@@ -119,6 +125,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.defense_strength = 0.0
   c.defense_at = "step"
   c.soteria_score = "reference"  # soteria only: 'reference' or 'exact'.
+  # soteria only: its perturbation, 'q0' (the closed form) or the name of one
+  # registered with defenses.register_perturbation before the run.
+  c.soteria_q = "q0"
   c.seed = 0
   c.checkpoint_every = 10
   c.checkpoints_to_keep = 3
@@ -226,6 +235,12 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
                      f"{config.defense!r}.")
   defenses.check_strength(config.defense, config.defense_strength,
                           "defense_strength")
+  if config.defense == "soteria":
+    if config.soteria_score not in defenses.soteria.SCORES:
+      raise ValueError(f"soteria_score must be one of "
+                       f"{', '.join(defenses.soteria.SCORES)}; got "
+                       f"{config.soteria_score!r}.")
+    defenses.soteria.resolve_q(config.soteria_q, "soteria_q")
 
 
 def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:
@@ -239,7 +254,7 @@ def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:
                        "refusing to overwrite it. Use another --workdir.")
     return False
   with open(path) as f:
-    saved = json.load(f)
+    saved = {**ADDED_KEYS, **json.load(f)}
   new = _config_dict(config)
   diff = sorted(k for k in set(saved) | set(new)
                 if k not in RUNTIME_KEYS and saved.get(k) != new.get(k))
@@ -411,7 +426,7 @@ def build_fedavg_config(config: ml_collections.ConfigDict,
   defense = None
   if config.defense != "none":
     from repdef_jax import defenses  # pylint: disable=g-import-not-at-top
-    kwargs = ({"score": config.soteria_score}
+    kwargs = ({"score": config.soteria_score, "q": config.soteria_q}
               if config.defense == "soteria" else {})
     defense = defenses.get_defense(config.defense, config.defense_strength,
                                    model=model, **kwargs)

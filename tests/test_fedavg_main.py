@@ -6,11 +6,14 @@ import shutil
 import sys
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
 from repdef_jax import data as data_lib
+from repdef_jax import defenses
+from repdef_jax import gradients
 from repdef_jax import models
 from repdef_jax import training
 
@@ -478,6 +481,60 @@ def test_fedavg_config_builds_the_configured_defense():
   config.soteria_score = "bogus"
   with pytest.raises(ValueError, match="score must be one of"):
     training.build_fedavg_config(config, model)
+
+
+def test_soteria_q_reaches_the_defense():
+  """soteria_q picks a registered perturbation: one that halves every
+  representation row makes the defended kernel exactly half the gradient
+  ('q0' at 0 % leaves it whole)."""
+  from repdef_jax.defenses import soteria as soteria_lib  # pylint: disable=g-import-not-at-top
+  name = "halve_for_test"
+
+  def halve(ctx, strength):
+    del strength
+    return 0.5 * jnp.ones(ctx.scores.shape), {}
+
+  soteria_lib.register_perturbation(name)(halve)
+  try:
+    model = models.get_model("mlp", (4, 4, 1), hidden=(6,))
+    params = model.init(jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (3, 4, 4, 1))
+    y = jnp.array([0, 1, 2])
+    g = gradients.batch_grad(model, params, x, y)
+    batch = defenses.ClientBatch(params, x, y)
+    for q, factor in [(name, 0.5), ("q0", 1.0)]:
+      config = _config(defense="soteria", defense_strength=0.0, soteria_q=q)
+      training._check_config(config)  # pylint: disable=protected-access
+      defense = training.build_fedavg_config(config, model).defense
+      out, _ = defense.apply(g, batch, jax.random.key(0))
+      np.testing.assert_allclose(out["head"]["kernel"],
+                                 factor * g["head"]["kernel"], rtol=1e-6)
+  finally:
+    soteria_lib.PERTURBATIONS.pop(name)
+
+
+def test_settings_added_later_read_as_their_old_value(tmp_path):
+  """A run saved before a setting of training.ADDED_KEYS existed resumes
+  (its config is read with the value it ran with), and so is a paper cell
+  stored before it; another value of the setting is refused by both."""
+  from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
+  config = _config()
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  old = json.loads(config.to_json())
+  for key in training.ADDED_KEYS:
+    del old[key]
+  (workdir / training.CONFIG_FILE).write_text(json.dumps(old))
+  assert training._check_workdir(config, str(workdir))  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="soteria_q: 'q0' -> 'q9'"):
+    training._check_workdir(_config(soteria_q="q9"), str(workdir))  # pylint: disable=protected-access
+  store = harness.CellStore(str(tmp_path / "cells"))
+  store.put("c", {"v": 1, "settings": {"base": old}})
+  assert store.get_or_run("c", dict, None, harness.cell_settings(
+      {"base": config.to_dict()}))["v"] == 1
+  with pytest.raises(ValueError, match="other settings"):
+    store.get_or_run("c", dict, None, harness.cell_settings(
+        {"base": _config(soteria_q="q9").to_dict()}))
 
 
 def test_saver_keeps_the_last_checkpoints_and_restores_the_latest(tmp_path):

@@ -453,13 +453,7 @@ class AuditingFedAvg(FedAvg):
     if attack not in AUDIT_ATTACKS:
       raise ValueError(f"Unknown attack {attack!r}; valid attacks: "
                        f"{', '.join(AUDIT_ATTACKS)}.")
-    # schedules.check_rate, less what float() alone would take: a string,
-    # a bool, an array of several rates.
-    accepted = "a finite number > 0"
-    if (isinstance(client_lr, (bool, np.bool_, str, bytes)) or
-        np.ndim(client_lr)):
-      raise ValueError(f"client_lr must be {accepted}, got {client_lr!r}.")
-    schedules.check_rate(client_lr, "client_lr", accepted)
+    schedules.check_rate(client_lr, "client_lr", "a finite number > 0")
     if max_audits_per_round is not None and (
         isinstance(max_audits_per_round, bool) or
         not isinstance(max_audits_per_round, numbers.Integral) or

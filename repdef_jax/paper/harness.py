@@ -30,6 +30,7 @@ from repdef_jax import host
 from repdef_jax import metrics as metrics_lib
 from repdef_jax import models as models_lib
 from repdef_jax import storage
+from repdef_jax import training
 from repdef_jax.attacks import base as attacks_base
 from repdef_jax.attacks import objectives
 
@@ -436,10 +437,13 @@ RUNTIME_LEAVES = frozenset({"log_every", "plot", "checkpoint_every",
 
 
 def _without_runtime(d: Any) -> Any:
+  """``d`` less :data:`RUNTIME_LEAVES` and the keys of
+  :data:`repdef_jax.training.ADDED_KEYS` at the value earlier runs used."""
   if not isinstance(d, dict):
     return d
   return {k: _without_runtime(v) for k, v in d.items()
-          if k not in RUNTIME_LEAVES}
+          if k not in RUNTIME_LEAVES and not (
+              k in training.ADDED_KEYS and v == training.ADDED_KEYS[k])}
 
 
 def strip(settings: Any, drop: Sequence[str] = ()) -> Any:
