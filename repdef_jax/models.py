@@ -584,7 +584,11 @@ class MLP(_Classifier):
 
 
 class LogReg(_Classifier):
-  """Multinomial logistic regression on the flattened image."""
+  """Multinomial logistic regression on the flattened image.
+
+  Starts at zero weights and bias (``init='default'``; 'uniform' as the
+  other models), so F(w_0) = log(num_classes) in the convergence part.
+  """
 
   num_classes: int = 10
   init_scheme: str = "default"

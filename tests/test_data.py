@@ -567,3 +567,17 @@ def test_normalization_constants_match_the_training_images(name, tmp_path):
   info = data.get_info(name)
   np.testing.assert_allclose(x.mean(axis=(0, 1, 2)), info.mean, atol=0.01)
   np.testing.assert_allclose(x.std(axis=(0, 1, 2)), info.std, atol=0.01)
+
+
+@pytest.mark.parametrize("name,splits", [("mnist", ("train", "test")),
+                                         ("cifar10", ("test",))])
+def test_normalization_constants_match_the_embedded_sample(name, splits):
+  """DatasetInfo.mean / std, channel by channel, against the real images
+  shipped in the package (512 MNIST / 256 CIFAR-10 images are within
+  0.008 of them; a swap of CIFAR-10's R and B means, or the widespread
+  wrong CIFAR-10 std (0.2023, 0.1994, 0.2010), is >= 0.045 off)."""
+  x = np.concatenate([data.load_sample(name, s)[0] for s in splits])
+  x = x.astype(np.float64) / 255.0
+  info = data.get_info(name)
+  np.testing.assert_allclose(x.mean(axis=(0, 1, 2)), info.mean, atol=0.015)
+  np.testing.assert_allclose(x.std(axis=(0, 1, 2)), info.std, atol=0.015)

@@ -358,3 +358,46 @@ def test_an_explicit_mirror_beats_the_environment(monkeypatch):
   monkeypatch.setenv(download.MIRROR_ENV, "http://127.0.0.1:9")
   assert download.base_url("mnist", "http://x/") == "http://x/mnist/"
   assert download.base_url("mnist") == "http://127.0.0.1:9/mnist/"
+
+
+def test_a_file_of_exactly_the_expected_size_is_accepted(monkeypatch):
+  """size is the archive's published size: a download of exactly that many
+  bytes is the genuine file, not 'larger than expected'."""
+  monkeypatch.setattr(download.urllib.request, "urlopen",
+                      lambda url, **kwargs: io.BytesIO(b"data"))
+  sha = hashlib.sha256(b"data").hexdigest()
+  assert download.fetch("http://x/f", sha, size=4) == b"data"
+
+
+def _idx(array):
+  header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+      int(d).to_bytes(4, "big") for d in array.shape)
+  return gzip.compress(header + array.tobytes(), compresslevel=1)
+
+
+def test_overridden_checksums_drop_the_published_size(tmp_path):
+  """A mirror with its own digests may serve files larger than the
+  published ones (here 12,000 test labels, > the 4,542 bytes of MNIST's
+  t10k labels): the size limit is the published file's, and goes with its
+  digest."""
+  rng = np.random.default_rng(0)
+  n = 12000
+  arrays = {"train": (np.zeros((1, 28, 28), np.uint8),
+                      np.zeros((1,), np.uint8)),
+            "t10k": (np.zeros((n, 28, 28), np.uint8),
+                     rng.integers(0, 10, n).astype(np.uint8))}
+  folder = tmp_path / "mirror" / "mnist"
+  folder.mkdir(parents=True)
+  sums = {}
+  for prefix, (images, labels) in arrays.items():
+    for kind, a in (("images-idx3", images), ("labels-idx1", labels)):
+      blob = _idx(a)
+      file = f"{prefix}-{kind}-ubyte.gz"
+      (folder / file).write_bytes(blob)
+      sums[f"mnist/{file}"] = hashlib.sha256(blob).hexdigest()
+  published = {a.file: a.size for a in download.ORIGINS["mnist"].archives}
+  assert (folder / "t10k-labels-idx1-ubyte.gz").stat().st_size > published[
+      "t10k-labels-idx1-ubyte.gz"]
+  out = download.fetch_and_decode("mnist", mirror=str(tmp_path / "mirror"),
+                                  checksums=sums)
+  np.testing.assert_array_equal(out["test"][1], arrays["t10k"][1])

@@ -1,5 +1,7 @@
 """Tests of repdef_jax.metrics."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -114,3 +116,32 @@ def test_matching_reads_non_finite_reconstructions_as_clamped():
   rec[1, 1, 1, 0] = np.inf
   np.testing.assert_array_equal(metrics.match_images(rec, x), [1, 0])
   np.testing.assert_array_equal(metrics.match_images(rec[::-1], x), [0, 1])
+
+
+def test_finite_flag_covers_every_reconstruction():
+  """'finite' is False when any reconstruction of the batch diverged, not
+  only the first one after matching."""
+  x = np.random.default_rng(0).uniform(size=(3, 8, 8, 1))
+  rec = x.copy()
+  rec[2, 0, 0, 0] = np.nan
+  assert not metrics.reconstruction_metrics(rec, x)["finite"]
+  assert not metrics.reconstruction_metrics(rec, x, match=False)["finite"]
+  assert metrics.reconstruction_metrics(x, x)["finite"]
+
+
+def test_matching_minimises_the_total_clamped_mse():
+  """The Hungarian matching is the permutation of least total clamped MSE
+  (brute force over all 5! of them, on unrelated images where the choice
+  is not obvious)."""
+  rng = np.random.default_rng(1)
+  for _ in range(5):
+    x = rng.uniform(size=(5, 6, 6, 1))
+    rec = rng.uniform(-0.3, 1.3, size=(5, 6, 6, 1))
+
+    def cost(p, rec=rec, x=x):
+      return np.sum(metrics.mse_clamped(rec[list(p)], x))
+
+    best = min(cost(p) for p in itertools.permutations(range(5)))
+    perm = metrics.match_images(rec, x)
+    assert sorted(perm) == list(range(5))
+    assert cost(perm) == pytest.approx(best, rel=1e-12)

@@ -476,3 +476,34 @@ def test_non_default_kwargs_gives_one_spelling_per_model():
       "width": 16}
   with pytest.raises(ValueError, match="Unknown model name"):
     models.non_default_kwargs("resnet", {})
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("lenet", {}), ("leakage", {}), ("convnet64", {"width": 4}),
+    ("lenet5", {}), ("mlp", {"hidden": (16, 8)}), ("logreg", {})])
+def test_score_eps_is_zero_exactly_for_sigmoid_representations(name, kwargs):
+  """The reference code adds 0.1 to the score's denominator r_i for ReLU
+  (and linear) nets and nothing for sigmoid ones: checked against what the
+  representation is (a sigmoid net's r lies strictly in (0, 1); a ReLU's
+  has zeros, a linear one negatives), not against the activation label."""
+  model = models.get_model(name, (32, 32, 3), init="uniform", **kwargs)
+  params = model.init(jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+  r = np.asarray(model.features(params, x))
+  sigmoid_like = bool(np.all((r > 0) & (r < 1)))
+  assert model.score_eps == (0.0 if sigmoid_like else 0.1)
+
+
+def test_logreg_starts_at_zero():
+  """LogReg's default init is all zeros (every class equally likely:
+  the loss at round 0 is log(num_classes)); 'uniform' is not."""
+  model = models.get_model("logreg", (4, 4, 1), num_classes=3)
+  params = model.init(jax.random.key(0))
+  assert all(not np.any(np.asarray(a))
+             for a in jax.tree_util.tree_leaves(params))
+  x = jax.random.normal(jax.random.key(1), (2, 4, 4, 1))
+  np.testing.assert_allclose(jax.nn.softmax(model.apply(params, x)), 1 / 3,
+                             rtol=1e-6)
+  uniform = models.get_model("logreg", (4, 4, 1), num_classes=3,
+                             init="uniform").init(jax.random.key(0))
+  assert np.any(np.asarray(uniform["head"]["kernel"]))
