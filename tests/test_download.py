@@ -369,12 +369,6 @@ def test_a_file_of_exactly_the_expected_size_is_accepted(monkeypatch):
   assert download.fetch("http://x/f", sha, size=4) == b"data"
 
 
-def _idx(array):
-  header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
-      int(d).to_bytes(4, "big") for d in array.shape)
-  return gzip.compress(header + array.tobytes(), compresslevel=1)
-
-
 def test_overridden_checksums_drop_the_published_size(tmp_path):
   """A mirror with its own digests may serve files larger than the
   published ones (here 12,000 test labels, > the 4,542 bytes of MNIST's
