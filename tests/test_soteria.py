@@ -645,3 +645,100 @@ def test_auto_chunk_covers_features_in_equal_chunks(batch, features):
   assert 1 <= c <= features
   assert n * c - features < n  # Padding below one row per chunk.
   assert batch * c <= max(512, batch)  # About 512 pairs, at least 1 feature.
+
+
+@pytest.mark.parametrize("jacobian", ["auto", "rev"])
+def test_soteria_uses_the_eps_it_is_given(jacobian):
+  """logreg: r = x, J = I, score_i = 1 / (x_i + eps). eps = 0.1 (the
+  model's default) and eps = 1.0 give different masks by hand, so a
+  factory that validated eps but used model.score_eps would be caught."""
+  model = models.get_model("logreg", (2, 2, 1))
+  assert model.score_eps == 0.1
+  params = model.init(jax.random.key(0))
+  x = jnp.array([1.0, -0.5, 0.3, 2.0]).reshape(1, 2, 2, 1)
+  y = jnp.array([0])
+  g = gradients.batch_grad(model, params, x, y)
+  batch = base.ClientBatch(params, x, y)
+  masks = {}
+  for eps in (0.1, 1.0):
+    out, _ = S.soteria(model, 50, eps=eps, jacobian=jacobian)(
+        g, batch, jax.random.key(0))
+    kept = np.any(np.asarray(out["head"]["kernel"]) != 0, axis=1)
+    scores = 1.0 / (np.asarray(x).reshape(-1) + eps)
+    np.testing.assert_array_equal(kept, scores >= np.percentile(scores, 50))
+    masks[eps] = kept
+  # By hand: eps 0.1 -> scores [.91, -2.5, 2.5, .48] keep {0, 2};
+  # eps 1.0 -> [.5, 2, .77, .33] keep {1, 2}.
+  np.testing.assert_array_equal(masks[0.1], [True, False, True, False])
+  np.testing.assert_array_equal(masks[1.0], [False, True, True, False])
+
+
+
+def test_soteria_flags_one_nonfinite_real_image_among_clean_ones():
+  """nonfinite_input is 1 when ANY real example holds NaN/inf (not only
+  when all do), and 0 when the NaN image is padding."""
+  model = models.get_model("mlp", (4, 4, 1), hidden=(8,))
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (3, 4, 4, 1))
+  x = x.at[1, 0, 0, 0].set(jnp.nan)  # one bad image of three
+  y = jnp.array([0, 1, 2])
+  g = gradients.batch_grad(model, params, x[:1], y[:1])  # finite grads
+  d = S.soteria(model, 50)
+  _, info = d(g, base.ClientBatch(params, x, y), jax.random.key(0))
+  assert float(info["nonfinite_input"]) == 1.0
+  _, info = d(g, base.ClientBatch(params, x, y, jnp.array([1, 0, 1])),
+              jax.random.key(0))
+  assert float(info["nonfinite_input"]) == 0.0
+
+
+
+def test_perturbation_receives_the_batch_inputs(monkeypatch):
+  """A registered perturbation sees the documented PerturbationInputs:
+  weights with 0 for padding, r and ||dr_bi/dx_b||_2 of every example, in
+  the model-aware ('auto') and the generic ('rev') Jacobian paths alike."""
+  model = models.get_model("mlp", (4, 4, 1), hidden=(8,))
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (3, 4, 4, 1))
+  y = jnp.array([0, 1, 2])
+  mask = jnp.array([1.0, 1.0, 0.0])
+  g = gradients.batch_grad(model, params, x, y, mask)
+  coef = jnp.arange(1.0, 4.0)[:, None] * jnp.arange(1.0, 9.0)[None, :]
+
+  def spy(ctx, strength):
+    del strength
+    return jnp.ones_like(ctx.scores), {
+        "weights": jnp.sum(ctx.weights * jnp.arange(1.0, 4.0)),
+        "r": jnp.sum(ctx.r * coef),
+        "norms": jnp.sum(ctx.jac_row_norms * coef),
+    }
+
+  monkeypatch.setitem(S.PERTURBATIONS, "spy", spy)
+  r, jac = S.features_and_jacobian(model.feature_fn(params), x)
+  norms = np.linalg.norm(np.asarray(jac), axis=-1)
+  for jacobian in ("auto", "rev"):
+    _, info = S.soteria(model, 10, q="spy", jacobian=jacobian)(
+        g, base.ClientBatch(params, x, y, mask), jax.random.key(0))
+    np.testing.assert_allclose(float(info["weights"]), 1.0 + 2.0)
+    np.testing.assert_allclose(float(info["r"]),
+                               float(np.sum(np.asarray(r) * coef)), rtol=1e-5)
+    np.testing.assert_allclose(float(info["norms"]),
+                               float(np.sum(norms * coef)), rtol=1e-4)
+
+
+
+def test_a_negative_feature_is_active_for_count_selection():
+  """logreg, normalised pixels: r = x can be < 0. A feature negative on
+  every image is active (r != 0), not dead: 'count' prunes it by its score
+  and active_fraction counts it. Scores 1 / (x + 0.1) = [.91, -2.5, 2.5,
+  .48]: pruning 1 of 4 removes feature 1."""
+  model = models.get_model("logreg", (2, 2, 1))
+  params = model.init(jax.random.key(0))
+  x = jnp.array([1.0, -0.5, 0.3, 2.0]).reshape(1, 2, 2, 1)
+  y = jnp.array([0])
+  g = gradients.batch_grad(model, params, x, y)
+  out, info = S.soteria(model, 25, selection="count")(
+      g, base.ClientBatch(params, x, y), jax.random.key(0))
+  kept = np.any(np.asarray(out["head"]["kernel"]) != 0, axis=1)
+  np.testing.assert_array_equal(kept, [True, False, True, True])
+  np.testing.assert_allclose(float(info["active_fraction"]), 1.0)
+  np.testing.assert_allclose(float(info["effective_pruned_fraction"]), 0.25)
