@@ -472,3 +472,89 @@ def test_images_are_drawn_by_the_data_stream(monkeypatch):
   assert len(set(chosen)) == 4 and kind == "tfds"
   np.testing.assert_allclose(x, pool / 255.0, atol=1e-7)
   assert list(labels) == [i % 7 for i in range(10)]
+
+
+def test_each_entry_attacks_the_image_at_its_index(tmp_path,
+                                                        monkeypatch):
+  """Entry ``index`` attacks pool image ``index`` with its label, not the
+  image at its position among the drawn ones."""
+  pool = np.stack([np.full((28, 28, 1), 20 * i, np.uint8) for i in range(10)])
+  monkeypatch.setattr(data, "load_with_source", lambda *a, **k: (
+      pool, np.arange(10) % 7, data.Source("tfds", "ten images")))
+  seen = []
+
+  def spy(model, params, attack, defense, x, y, *args, **kwargs):
+    seen.append((np.asarray(x), np.asarray(y)))
+    raise ValueError("not attacked in this test")
+
+  monkeypatch.setattr(attack_main, "attack_image", spy)
+  res = attack_main.run({**CONFIG, "num_images": 4}, str(tmp_path / "run"),
+                        verbose=False)
+  indices = [e["index"] for e in res["images"]]
+  assert indices != list(range(4))
+  for idx, (x, y) in zip(indices, seen):
+    np.testing.assert_allclose(x, pool[idx:idx + 1] / 255.0, atol=1e-7)
+    assert list(y) == [idx % 7]
+
+
+def test_attack_image_returns_undefended_then_defended(monkeypatch):
+  """The undefended reconstruction and label verdict come from the true
+  gradient's run, the defended ones from the shared gradient's run."""
+  from repdef_jax import defenses  # pylint: disable=g-import-not-at-top
+  from repdef_jax import models  # pylint: disable=g-import-not-at-top
+  from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
+  model = models.get_model("logreg", (8, 8, 1), 4)
+  params = model.init(jax.random.key(0))
+
+  def zero_kernel(g, batch, key):
+    del batch, key
+    g = jax.tree_util.tree_map(lambda t: t, g)
+    kernel = models.defended_params(model, g)["kernel"]
+    models.defended_params(model, g)["kernel"] = kernel * 0.0
+    return g, {}
+
+  def fake_attack(model_, params_, g, x_, y_, attack, key, **kwargs):
+    defended = bool(np.all(np.asarray(
+        models.defended_params(model, g)["kernel"]) == 0))
+    m = {k: 0.0 for k in attack_main._KEPT}  # pylint: disable=protected-access
+    return ({**m, "label_accuracy": 0.0 if defended else 1.0},
+            np.full((1, 8, 8, 1), 1.0 if defended else 0.0))
+
+  monkeypatch.setattr(harness, "attack_gradient", fake_attack)
+  und, dfd, rec_u, rec_d = attack_main.attack_image(
+      model, params, "gs", defenses.Defense("zero", zero_kernel),
+      jnp.full((1, 8, 8, 1), 0.5), jnp.asarray([1]), jax.random.key(1),
+      jax.random.key(2), iterations=2)
+  assert und["label_correct"] is True and dfd["label_correct"] is False
+  assert np.all(rec_u == 0.0) and np.all(rec_d == 1.0)
+
+
+def test_own_images_labels_given_checked_or_predicted(tmp_path):
+  """Own images: labels given in the .npz are used and marked 'given';
+  a label >= num_classes is refused; without labels, the class the model
+  predicts (its argmax) is used and marked 'predicted'."""
+  from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
+  x = np.random.default_rng(0).random((3, 28, 28)).astype(np.float32)
+  np.savez(tmp_path / "given.npz", x=x, y=np.array([1, 9, 3]))
+  np.savez(tmp_path / "bad.npz", x=x, y=np.array([1, 10, 3]))
+  np.savez(tmp_path / "none.npz", x=x)
+  keys = harness.sweep_keys(0)
+
+  def images(name):
+    config = attack_main.validate_config(
+        {**CONFIG, "images": str(tmp_path / name), "num_images": 3})
+    model, _ = attack_main._build(config)  # pylint: disable=protected-access
+    params = model.init(keys.init)
+    return model, params, attack_main._images(config, model, params, keys)  # pylint: disable=protected-access
+
+  _, _, (_, labels, chosen, kind, _, extra) = images("given.npz")
+  assert kind == "images" and chosen == [0, 1, 2]
+  assert list(labels) == [1, 9, 3]
+  assert {e["label_source"] for e in extra.values()} == {"given"}
+  with pytest.raises(ValueError, match=r"labels must lie in \[0, 10\)"):
+    images("bad.npz")
+  model, params, (xs, labels, _, _, _, extra) = images("none.npz")
+  logits = np.asarray(model.apply(params, jnp.asarray(xs)))
+  assert len(set(np.argmax(logits, -1)) | set(np.argmin(logits, -1))) > 1
+  np.testing.assert_array_equal(labels, np.argmax(logits, -1))
+  assert {e["label_source"] for e in extra.values()} == {"predicted"}

@@ -745,3 +745,161 @@ def test_repinfer_audit_compiles_its_reconstruction_once(fl):
     jax.monitoring.unregister_event_duration_listener(listener)
   assert first > 0 and len(compiles) == first
   assert images.shape == (len(classes), 8, 8, 1)
+
+
+def _audit_round(fl, strategy, grid, glob, rnd):
+  from flwr.app import ConfigRecord  # pylint: disable=g-import-not-at-top
+  messages = list(strategy.configure_train(rnd, fl.to_arrays(glob),
+                                           ConfigRecord({}), grid))
+  replies = sorted(grid.send_and_receive(messages),  # Failures first.
+                   key=lambda r: not r.has_error())
+  return replies, strategy.aggregate_train(rnd, replies)[1]
+
+
+def test_audit_log_files_ssim_and_caps_by_partition(fl, monkeypatch,
+                                                    tmp_path):
+  """Partition 0's node fails, partitions 1 and 2 reply, 2 rounds: the
+  images are saved per partition id, audit.jsonl holds all 4 records,
+  num_images=2 is what the attack is asked for, every record has an SSIM
+  and the round's audit/ssim is their mean; max_audits_per_round=1 audits
+  one update even when a failed reply comes first."""
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  n, m = 3, 4
+  x = np.stack([np.full((m, 28, 28, 1), 0.2 * (p + 1), np.float32)
+                for p in range(n)])
+  x[:, 1] *= 0.5  # Two different images per client.
+  y = np.zeros((n, m), np.int32)
+  mask = np.ones((n, m), np.float32)
+  seen = []
+  stub = _stub_attack(lambda grads, num, key: seen.append(num) or 0.0)
+  monkeypatch.setattr(fl.attacks_lib, "get_attack", lambda name: stub)
+
+  def load(context):
+    i = fl.client_id(context)
+    if i == 0:
+      raise RuntimeError("partition 0 is down")
+    return x[i], y[i], mask[i]
+
+  app = fl.make_client_app(
+      model, fedavg.FedAvgConfig(local_steps=1, batch_size=2, client_lr=0.1),
+      load)
+  grid = fl.InProcessGrid(app, n)
+  kwargs = dict(client_lr=0.1, reference_data=lambda pid: (x[pid][:2],
+                                                           y[pid][:2]),
+                num_images=2, fraction_evaluate=0.0, min_train_nodes=n,
+                min_available_nodes=n)
+  strategy = fl.AuditingFedAvg(model, "dlg", workdir=str(tmp_path), **kwargs)
+  for rnd in (1, 2):
+    glob = _logreg_params(rnd, 0.01, 0.01)
+    replies, metrics = _audit_round(fl, strategy, grid, glob, rnd)
+    assert replies[0].has_error()
+    records = [r for r in strategy.audit_log if r["round"] == rnd]
+    assert sorted(r["client"] for r in records) == [1, 2]
+    for pid in (1, 2):
+      assert os.path.exists(tmp_path / f"round_{rnd:03d}_client_{pid}.png")
+    assert not os.path.exists(tmp_path / f"round_{rnd:03d}_client_0.png")
+    assert all(-1 <= r["ssim"] < 0.5 for r in records), records
+    assert metrics["audit/ssim"] == pytest.approx(
+        np.mean([r["ssim"] for r in records]))
+  assert seen == [2] * 4
+  assert all(r["num_images"] == 2 for r in strategy.audit_log)
+  import json  # pylint: disable=g-import-not-at-top
+  with open(tmp_path / "audit.jsonl") as f:
+    lines = [json.loads(line) for line in f]
+  assert len(lines) == 4
+  assert [(r["round"], r["client"]) for r in lines] == [
+      (r["round"], r["client"]) for r in strategy.audit_log]
+  capped = fl.AuditingFedAvg(model, "dlg", max_audits_per_round=1, **kwargs)
+  replies, _ = _audit_round(fl, capped, grid, glob, 1)
+  assert replies[0].has_error()
+  assert len(capped.audit_log) == 1
+
+
+def test_saved_true_images_follow_their_matched_reconstructions(
+    fl, monkeypatch, tmp_path):
+  """The stub returns the client's 3 images in the order (1, 2, 0): the
+  figure's 'true' row is reordered so that each true image stands under
+  its reconstruction."""
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  rng = np.random.default_rng(3)
+  x = rng.random((1, 3, 28, 28, 1), dtype=np.float32)
+  y = np.zeros((1, 3), np.int32)
+  mask = np.ones((1, 3), np.float32)
+  from repdef_jax.attacks import base as attack_base  # pylint: disable=g-import-not-at-top
+
+  class Stub:
+    make_config = staticmethod(lambda config, **o: None)
+
+    @staticmethod
+    def fn(model, params, grads, num, key, labels=None, config=None):
+      return attack_base.AttackResult(
+          x_rec=x[0][[1, 2, 0]], labels_rec=np.zeros((3,), np.int32),
+          loss_history=np.zeros(1), final_loss=0.0, diverged=False,
+          iterations=1)
+
+  monkeypatch.setattr(fl.attacks_lib, "get_attack", lambda name: Stub)
+  strategy = fl.AuditingFedAvg(
+      model, "dlg", client_lr=0.1, workdir=str(tmp_path),
+      reference_data=lambda pid: (x[pid], y[pid]), fraction_evaluate=0.0,
+      min_train_nodes=1, min_available_nodes=1)
+  saved = []
+  real = strategy._save_images  # pylint: disable=protected-access
+  monkeypatch.setattr(strategy, "_save_images",
+                      lambda *a: saved.append(a) or real(*a))
+  grid = fl.InProcessGrid(fl.make_client_app(
+      model, fedavg.FedAvgConfig(local_steps=1, batch_size=3, client_lr=0.1),
+      _loader(fl, x, y, mask)), 1)
+  _audit_round(fl, strategy, grid, _logreg_params(1, 0.01, 0.01), 1)
+  [(_, _, x_rec, x_true)] = saved
+  assert strategy.audit_log[0]["mse"] == pytest.approx(0.0, abs=1e-12)
+  np.testing.assert_array_equal(x_true, x_rec)
+
+
+def test_repinfer_audit_compares_with_class_mean_images(fl, monkeypatch):
+  """A repinfer audit whose inferred classes are 1 and 4: class 1's true
+  images (0.2 and 0.4) average 0.3, absent class 4 compares with a zero
+  image; zero reconstructions: MSE (0.3^2 + 0) / 2."""
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  x = np.stack([np.full((28, 28, 1), v, np.float32)
+                for v in (0.2, 0.9, 0.4, 0.9)])[None]
+  y = np.array([[1, 7, 1, 7]], np.int32)
+  mask = np.ones((1, 4), np.float32)
+  strategy = fl.AuditingFedAvg(
+      model, "repinfer", client_lr=0.1,
+      reference_data=lambda pid: (x[pid], y[pid]), fraction_evaluate=0.0,
+      min_train_nodes=1, min_available_nodes=1)
+  monkeypatch.setattr(strategy, "_repinfer", lambda params, update, key: (
+      np.zeros((2, 28, 28, 1), np.float32), [1, 4]))
+  grid = fl.InProcessGrid(fl.make_client_app(
+      model, fedavg.FedAvgConfig(local_steps=1, batch_size=4, client_lr=0.1),
+      _loader(fl, x, y, mask)), 1)
+  _audit_round(fl, strategy, grid, _logreg_params(1, 0.01, 0.01), 1)
+  [record] = strategy.audit_log
+  assert record["classes"] == [1, 4]
+  assert record["mse"] == pytest.approx(0.3 ** 2 / 2, rel=1e-5)
+
+
+def test_repinfer_audit_inverts_the_head_input(fl, monkeypatch):
+  """On a 2-layer MLP the auditor inverts the representation entering the
+  head (exact for one example and one SGD step), not the image itself."""
+  model = models.get_model("mlp", (8, 8, 1), 10, hidden=(16,))
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (1, 8, 8, 1))
+  grads = gradients.batch_grad(model, params, x, jnp.array([3]))
+  update = jax.tree_util.tree_map(lambda g: -0.1 * g, grads)
+  targets = []
+
+  def fake(model_, steps):
+    def fn(params_, r, key):
+      targets.append(np.asarray(r))
+      return jnp.zeros(model_.input_shape), jnp.zeros(steps)
+    return fn
+
+  monkeypatch.setattr(fl.repinfer, "jitted_reconstruction", fake)
+  strategy = fl.AuditingFedAvg(model, "repinfer", client_lr=0.1,
+                               repinfer_steps=2)
+  images, classes = strategy._repinfer(params, update, jax.random.key(2))  # pylint: disable=protected-access
+  assert 3 in classes and images.shape == (len(classes), 8, 8, 1)
+  np.testing.assert_allclose(targets[classes.index(3)],
+                             np.asarray(model.features(params, x)[0]),
+                             rtol=1e-4, atol=1e-6)

@@ -420,3 +420,19 @@ def losses_finite(losses):
   losses = np.asarray(losses)
   assert np.all(np.isfinite(losses))
   return losses
+
+
+def test_class_rules_on_hand_made_updates():
+  """Column L2 norms; the median rule (3 large of 10 columns: the mean
+  rule would infer none); the sign rule infers only positive bias
+  updates (an all-zero update: no class)."""
+  kernel = np.ones((4, 10), np.float32)
+  kernel[:, :3] = 3.0
+  kernel[0, 9] = 2.0
+  np.testing.assert_allclose(repinfer.class_norms(kernel),
+                             np.linalg.norm(kernel, axis=0), rtol=1e-6)
+  kernel[0, 9] = 1.0
+  assert tuple(repinfer.inferred_class_indices(kernel)) == (0, 1, 2)
+  zero = {"kernel": np.zeros((4, 10), np.float32),
+          "bias": np.zeros(10, np.float32)}
+  assert tuple(repinfer.inferred_class_indices(zero, rule="sign")) == ()
