@@ -10,6 +10,7 @@ from repdef_jax import fedavg
 from repdef_jax import gradients
 from repdef_jax import models
 from repdef_jax import schedules
+from repdef_jax import training
 from repdef_jax.defenses import base as defenses_base
 
 N, M, F = 6, 12, 4 * 4 * 1
@@ -581,3 +582,97 @@ def test_evaluate_and_global_loss_count_real_examples_only(logreg):
   assert float(got["test_accuracy"]) == pytest.approx(4 / 7, rel=1e-6)
   assert float(got["test_loss"]) == pytest.approx(
       _np_cross_entropy(logits, y).mean(), rel=1e-5)
+
+
+def test_round_samples_by_the_configs_weighting_and_replace(logreg):
+  """weighting='size', replace=False: every round draws 5 distinct clients
+  (all that hold data) with fold_in(sampling, r), p = default_probs(data,
+  'size') and replace=False, as the docs say; a probs argument overrides the
+  default (all mass on client 3: client 3 every time)."""
+  config = fedavg.FedAvgConfig(clients_per_round=5, local_steps=1,
+                               batch_size=4, weighting="size", replace=False)
+  data, keys = _data(), fedavg.key_streams(21)
+  state = fedavg.init(logreg, config, keys.init)
+  round_fn = fedavg.make_round(logreg, config)
+  probs = fedavg.default_probs(data, "size")
+  for r in range(3):
+    state, m = round_fn(state, data, keys)
+    ids = np.asarray(m["client_ids"])
+    assert sorted(ids.tolist()) == [0, 1, 2, 3, 5]
+    want = fedavg.sample_clients(jax.random.fold_in(keys.sampling, r), probs,
+                                 5, replace=False)
+    np.testing.assert_array_equal(ids, want)
+  one_hot = jnp.zeros(6).at[3].set(1.0)
+  _, m = fedavg.make_round(logreg, fedavg.FedAvgConfig(
+      clients_per_round=3, local_steps=1, batch_size=4))(
+          state, data, keys, probs=one_hot)
+  np.testing.assert_array_equal(np.asarray(m["client_ids"]), [3, 3, 3])
+
+
+def _count_defense():
+  """Leaves the gradient alone; reports the real examples in the batch."""
+  return defenses_base.Defense(
+      "count", lambda g, b, k: (g, {"n": jnp.sum(b.mask)}))
+
+
+def test_round_metrics_by_hand(logreg):
+  """Clients 0 and 3 (12 and 3 examples), weighting='size' (w = 12/15,
+  3/15), two full-batch steps at lr 0.5 with l2 = 0.5: train_loss is the
+  weighted mean over clients of each client's mean step loss (l2 excluded),
+  defense/n the weighted mean of the per-step info (12 and 3 examples), and
+  test_* and global_loss are those of the model after the round."""
+  lr, l2 = 0.5, 0.5
+  config = fedavg.FedAvgConfig(clients_per_round=2, local_steps=2,
+                               batch_size=100, client_lr=lr, l2=l2,
+                               weighting="size", defense=_count_defense())
+  data, keys = _data(), fedavg.key_streams(22)
+  state = fedavg.init(logreg, config, keys.init)
+  state = state.replace(params=jax.tree_util.tree_map(
+      lambda p: p + 0.2, state.params))
+  rng = np.random.default_rng(1)
+  tx = rng.random((9, 4, 4, 1), dtype=np.float32)
+  ty = rng.integers(0, 4, 9).astype(np.int32)
+  test = fedavg.make_eval_data(tx, ty, 4)
+  new, m = fedavg.make_round(logreg, config, eval_global_loss=True)(
+      state, data, keys, test=test, client_ids=np.array([0, 3]))
+
+  def objective(p, x, y):
+    sq = sum(jnp.sum(w ** 2) for w in jax.tree_util.tree_leaves(p))
+    return gradients.batch_loss(logreg, p, x, y) + 0.5 * l2 * sq
+
+  client_loss = []
+  for cid, n in ((0, 12), (3, 3)):
+    x, y = data.x[cid, :n], data.y[cid, :n]
+    p, losses = state.params, []
+    for _ in range(2):
+      losses.append(float(gradients.batch_loss(logreg, p, x, y)))
+      g = jax.grad(objective)(p, x, y)
+      p = jax.tree_util.tree_map(lambda w, gw: w - lr * gw, p, g)
+    client_loss.append(np.mean(losses))
+  w = np.array([12, 3]) / 15
+  assert float(m["train_loss"]) == pytest.approx(w @ client_loss, rel=1e-5)
+  assert float(m["defense/n"]) == pytest.approx(w @ [12, 3], rel=1e-6)
+  logits = np.asarray(logreg.apply(new.params, jnp.asarray(tx)))
+  assert float(m["test_accuracy"]) == pytest.approx(
+      np.mean(np.argmax(logits, -1) == ty), abs=1e-6)
+  assert float(m["test_loss"]) == pytest.approx(
+      float(fedavg.evaluate(logreg, new.params, test)["test_loss"]), rel=1e-6)
+  assert float(m["global_loss"]) == pytest.approx(
+      float(fedavg.global_loss(logreg, new.params, data, l2)), rel=1e-6)
+  assert float(m["global_loss"]) != pytest.approx(
+      float(fedavg.global_loss(logreg, new.params, data, 0.0)), rel=1e-3)
+
+
+def test_steps_per_round_counts_a_partial_last_batch():
+  """local_epochs: E * ceil(M / B) steps (what _batch_plan plans), so
+  Theorem 2's I for M = 31, B = 3, E = 2 is 22, and gamma = max(8, 22)."""
+  for m, b, e in [(12, 5, 2), (31, 3, 2), (7, 7, 1), (7, 10, 3)]:
+    cfg = fedavg.FedAvgConfig(local_epochs=e, batch_size=b)
+    idx, _ = fedavg._batch_plan(jax.random.key(0), jnp.ones(m), cfg)  # pylint: disable=protected-access
+    assert cfg.steps_per_round(m) == idx.shape[0] == e * -(-m // min(b, m))
+  c = training.default_config()
+  c.update(lr_schedule="theorem2", mu=1.0, smoothness=1.0, local_epochs=2,
+           batch_size=3, model="logreg")
+  fcfg = training.build_fedavg_config(
+      c, models.get_model("logreg", (4, 4, 1), 4), padded_size=31)
+  assert float(fcfg.client_lr(0)) == pytest.approx(2 / 22)

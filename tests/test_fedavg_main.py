@@ -15,6 +15,7 @@ from repdef_jax import data as data_lib
 from repdef_jax import defenses
 from repdef_jax import gradients
 from repdef_jax import models
+from repdef_jax import partition as partition_lib
 from repdef_jax import training
 
 NUM_MOCK = 120
@@ -587,3 +588,42 @@ def test_last_round_is_checkpointed_logged_and_global_loss_kept(mock_env,
   assert [r["round"] for r in out["metrics"]] == [1, 2, 3]
   assert all(np.isfinite(r["global_loss"]) and r["global_loss"] > 0
              for r in out["metrics"])
+
+def _dirichlet_config(**overrides):
+  c = training.default_config()
+  c.update(partition="dirichlet", num_clients=5, dirichlet_alpha=0.5, seed=0)
+  c.update(overrides)
+  return c
+
+
+def test_dirichlet_partition_follows_the_configured_alpha_and_seed():
+  """partition='dirichlet' splits with the run's dirichlet_alpha and seed:
+  the clients are partition.dirichlet's for those values, and another alpha
+  or seed gives another split (alpha 0.05: most clients hold one or two
+  classes; alpha 100: every client holds nearly every class)."""
+  labels = np.repeat(np.arange(10), 60)
+  for alpha, seed in [(0.05, 0), (100.0, 0), (0.5, 3)]:
+    got = training.client_indices(
+        _dirichlet_config(dirichlet_alpha=alpha, seed=seed), labels, 10)
+    want = partition_lib.dirichlet(labels, num_clients=5, alpha=alpha,
+                                   seed=seed)
+    assert len(got) == len(want) == 5
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g, w)
+  skewed = partition_lib.class_counts(labels, training.client_indices(
+      _dirichlet_config(dirichlet_alpha=0.05), labels, 10), 10)
+  flat = partition_lib.class_counts(labels, training.client_indices(
+      _dirichlet_config(dirichlet_alpha=100.0), labels, 10), 10)
+  # Share of each client's examples in its largest class.
+
+  def top(c):
+    return np.mean(c.max(1) / np.maximum(c.sum(1), 1))
+
+  assert top(skewed) > 0.5 > 0.2 > top(flat)
+  seeds = [training.client_indices(_dirichlet_config(seed=s), labels, 10)
+           for s in (0, 1)]
+  assert any(not np.array_equal(a, b) for a, b in zip(*seeds))
+
+
+# --------------------------------------------------------------------------
+# fedavg round: sampling, metrics.
