@@ -6,6 +6,7 @@ import re
 import pytest
 
 from repdef_jax import storage
+from repdef_jax.paper import replication
 from repdef_jax.paper import report
 from repdef_jax.paper import stats
 
@@ -78,14 +79,18 @@ def test_update_readme_replaces_only_the_generated_block(tmp_path):
     report.update_readme(str(readme), str(tmp_path / "results"))
 
 
-def test_readme_results_are_the_committed_json_rendered():
-  """No hand-copied numbers: the README block re-renders from docs/results."""
+def _readme_block(begin: str, end: str) -> str:
+  """The README's block between two markers (skips without it)."""
   with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
     text = f.read()
-  if report.README_BEGIN not in text:
-    pytest.skip("README has no generated results block yet")
-  block = text[text.index(report.README_BEGIN):
-               text.index(report.README_END) + len(report.README_END)]
+  if begin not in text:
+    pytest.skip(f"README has no {begin} block")
+  return text[text.index(begin):text.index(end) + len(end)]
+
+
+def test_readme_results_are_the_committed_json_rendered():
+  """No hand-copied numbers: the README block re-renders from docs/results."""
+  block = _readme_block(report.README_BEGIN, report.README_END)
   results = os.path.join(ROOT, "docs", "results")
   assert block == report.readme_block(report.collect(results),
                                       "docs/results")
@@ -257,3 +262,12 @@ def test_convergence_section_states_its_setting_and_interval(tmp_path):
   text = report.render({"convergence": {"claims": [], "base": base}},
                        workdir=str(tmp_path), report_dir=str(tmp_path))
   assert "200 rounds, Theorem 2's decaying rate" in text
+
+
+def test_readme_replication_block_is_the_committed_json_rendered():
+  """The README's replication block re-renders from the replica's JSON."""
+  block = _readme_block(replication.README_BEGIN, replication.README_END)
+  source = "docs/results/replica"
+  assert f"`{source}/{replication.JSON_FILE}`" in block
+  result = storage.read_json(os.path.join(ROOT, source, replication.JSON_FILE))
+  assert block == replication.readme_block(result, source)

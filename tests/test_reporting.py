@@ -77,19 +77,6 @@ def test_committed_replication_is_the_committed_results_compared(folder):
     assert f.read() == replication.render(committed, "docs/results")
 
 
-def test_readme_replication_block_is_the_committed_json_rendered():
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    text = f.read()
-  if replication.README_BEGIN not in text:
-    pytest.skip("README has no replication block")
-  block = text[text.index(replication.README_BEGIN):
-               text.index(replication.README_END) + len(replication.README_END)]
-  source = "docs/results/replica"
-  assert f"`{source}/{replication.JSON_FILE}`" in block
-  result = storage.read_json(os.path.join(ROOT, source, replication.JSON_FILE))
-  assert block == replication.readme_block(result, source)
-
-
 # --------------------------------------------------------------------- report
 
 def test_runs_table_says_not_run_without_results_or_record(tmp_path):
