@@ -134,12 +134,12 @@ def attack_suite(model: models_lib.Model, params: Params, shared: Params,
       out.append(m)
       rows.append(x_rec)
     per[name] = out
-    if name in keep:
+    if name in keep or f"{name}_mask" in keep:  # A mask twin may copy it.
       recs[name] = np.stack(rows)
   entries = [{"attacks": {n: per[n][k] for n in attack_names},
               "best": harness.best_of({n: per[n][k] for n in attack_names})}
              for k in range(k_total)]
-  return entries, recs
+  return entries, {n: r for n, r in recs.items() if n in keep}
 
 
 def image_keys(keys: harness.SweepKeys, indices: Sequence[int]
