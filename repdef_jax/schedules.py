@@ -13,7 +13,7 @@ passes to a schedule.
 from __future__ import annotations
 
 import math
-import numbers
+import operator
 from typing import Any
 
 import jax.numpy as jnp
@@ -24,11 +24,15 @@ import optax
 def check_rate(value: Any, name: str, accepted: str) -> None:
   """Raises ``ValueError('<name> must be <accepted>, got ...')`` unless
   ``value`` is a finite real number > 0 (a client or server learning rate):
-  a Python, NumPy or 0-d array number, not a bool, a string or an array of
-  several values (which ``float`` alone would take or half-take)."""
+  a Python, NumPy or 0-d array number, not a bool, a string or an array
+  with a dimension, even of one value (``float`` alone would take some)."""
   v = float("nan")
-  if not (isinstance(value, (bool, np.bool_, str, bytes)) or np.ndim(value)
-          or np.iscomplexobj(value)):
+  try:
+    scalar = not (isinstance(value, (bool, np.bool_, str, bytes)) or
+                  np.ndim(value) or np.iscomplexobj(value))
+  except (TypeError, ValueError):  # A ragged nested sequence.
+    scalar = False
+  if scalar:
     try:
       v = float(value)
     except (TypeError, ValueError):
@@ -83,8 +87,12 @@ def _check(mu, smoothness, local_steps):
   if not smoothness >= mu:
     raise ValueError(f"smoothness (L) must be >= mu, got smoothness="
                      f"{smoothness}, mu={mu}.")
-  if (isinstance(local_steps, (bool, np.bool_)) or
-      not isinstance(local_steps, numbers.Integral) or local_steps < 1):
+  try:  # int, NumPy int, 0-d integer array (NumPy or JAX); not a bool.
+    steps = (None if isinstance(local_steps, (bool, np.bool_))
+             else operator.index(local_steps))
+  except TypeError:
+    steps = None
+  if steps is None or steps < 1:
     raise ValueError(f"local_steps must be an integer >= 1, got "
                      f"{local_steps!r}.")
 

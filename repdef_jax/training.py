@@ -240,7 +240,11 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"soteria_score must be one of "
                        f"{', '.join(defenses.soteria.SCORES)}; got "
                        f"{config.soteria_score!r}.")
-    defenses.soteria.resolve_q(config.soteria_q, "soteria_q")
+    if config.soteria_q not in defenses.soteria.PERTURBATIONS:
+      raise ValueError(
+          f"soteria_q must name a registered perturbation, one of "
+          f"{tuple(defenses.soteria.PERTURBATIONS)} ('q0': the paper's "
+          f"q = 0); got {config.soteria_q!r}.")
 
 
 def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:

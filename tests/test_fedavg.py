@@ -676,3 +676,19 @@ def test_steps_per_round_counts_a_partial_last_batch():
   fcfg = training.build_fedavg_config(
       c, models.get_model("logreg", (4, 4, 1), 4), padded_size=31)
   assert float(fcfg.client_lr(0)) == pytest.approx(2 / 22)
+
+
+def test_rates_and_local_steps_take_scalars_and_name_the_argument():
+  """Learning rates and Theorem 2's I accept NumPy and JAX scalars (0-d
+  arrays too); anything else, a ragged list included, gets the one-line
+  error naming the argument."""
+  for lr in (0.1, np.float32(0.1), np.array(0.1), jnp.array(0.1)):
+    schedules.check_rate(lr, "lr", "a finite number > 0")
+  with pytest.raises(ValueError, match=r"^lr must be a finite number > 0, "
+                     r"got \[1, \[2, 3\]\]\.$"):
+    schedules.check_rate([1, [2, 3]], "lr", "a finite number > 0")
+  for steps in (12, np.int64(12), np.array(12), jnp.array(12)):
+    assert schedules.theorem2_gamma(1.0, 1.0, steps) == 12.0
+  for steps in (2.5, True, np.array(True), np.array([3]), jnp.array(2.0), 0):
+    with pytest.raises(ValueError, match="local_steps must be an integer >= 1"):
+      schedules.theorem2_gamma(1.0, 1.0, steps)

@@ -512,13 +512,18 @@ def test_soteria_q_reaches_the_defense():
                                  factor * g["head"]["kernel"], rtol=1e-6)
   finally:
     soteria_lib.PERTURBATIONS.pop(name)
+  # The config holds a name: '0' is refused with the names it can take.
+  config = _config(defense="soteria", defense_strength=50.0, soteria_q="0")
+  with pytest.raises(ValueError, match=r"soteria_q must name a registered "
+                     r"perturbation, one of \('q0'.*got '0'") as err:
+    training._check_config(config)  # pylint: disable=protected-access
+  assert "integer" not in str(err.value)
 
 
-def test_settings_added_later_read_as_their_old_value(tmp_path):
+def test_a_run_saved_before_a_setting_existed_resumes(tmp_path):
   """A run saved before a setting of training.ADDED_KEYS existed resumes
-  (its config is read with the value it ran with), and so is a paper cell
-  stored before it; another value of the setting is refused by both."""
-  from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
+  (its config is read with the value it ran with); another value of the
+  setting is refused (the paper's cells: test_paper_harness.py)."""
   config = _config()
   workdir = tmp_path / "run"
   workdir.mkdir()
@@ -529,13 +534,6 @@ def test_settings_added_later_read_as_their_old_value(tmp_path):
   assert training._check_workdir(config, str(workdir))  # pylint: disable=protected-access
   with pytest.raises(ValueError, match="soteria_q: 'q0' -> 'q9'"):
     training._check_workdir(_config(soteria_q="q9"), str(workdir))  # pylint: disable=protected-access
-  store = harness.CellStore(str(tmp_path / "cells"))
-  store.put("c", {"v": 1, "settings": {"base": old}})
-  assert store.get_or_run("c", dict, None, harness.cell_settings(
-      {"base": config.to_dict()}))["v"] == 1
-  with pytest.raises(ValueError, match="other settings"):
-    store.get_or_run("c", dict, None, harness.cell_settings(
-        {"base": _config(soteria_q="q9").to_dict()}))
 
 
 def test_saver_keeps_the_last_checkpoints_and_restores_the_latest(tmp_path):

@@ -665,13 +665,11 @@ def _check_eps(eps: Any, default: str = "") -> float:
   return v
 
 
-def resolve_q(q: Any, arg: str = "q") -> str:
-  """The registered perturbation's name for ``q`` (an integer q, 0 -> 'q0',
-  or a name); raises a ValueError naming ``arg`` for any other value."""
+def _resolve_q(q: Any) -> str:
   name = (f"q{int(q)}" if isinstance(q, numbers.Integral) and
           not isinstance(q, bool) else str(q))
   if name not in PERTURBATIONS:
-    raise ValueError(f"{arg} must name a registered perturbation, one of "
+    raise ValueError(f"q must name a registered perturbation, one of "
                      f"{tuple(PERTURBATIONS)} (or its integer q); got {q!r}.")
   return name
 
@@ -733,7 +731,7 @@ def soteria(model: models_lib.Model,
   _check_choice(score, SCORES, "score")
   _check_choice(selection, SELECTIONS, "selection")
   _check_choice(jacobian, JACOBIAN_MODES, "jacobian")
-  qname = resolve_q(q)
+  qname = _resolve_q(q)
   _check_strength(percent, qname)
   eps = model.score_eps if eps is None else _check_eps(
       eps, " (or None for model.score_eps)")
