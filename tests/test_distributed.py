@@ -174,3 +174,34 @@ def test_coordinator_address_from_the_environment(monkeypatch):
 def test_bad_distributed_settings_fail_clearly(kwargs, match):
   with pytest.raises(ValueError, match=match):
     distributed.initialize(**kwargs)
+
+
+def _clear(monkeypatch):
+  for var in ("JAX_COORDINATOR_ADDRESS", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
+              "OMPI_MCA_orte_hnp_uri", "OMPI_COMM_WORLD_SIZE",
+              "TPU_WORKER_HOSTNAMES"):
+    monkeypatch.delenv(var, raising=False)
+
+
+def test_cluster_without_a_process_count_is_one_process(monkeypatch):
+  """A SLURM step or Open MPI job that does not say how many processes it
+  has is a one-process run (starting jax.distributed there would wait for
+  processes that never come)."""
+  _clear(monkeypatch)
+  monkeypatch.setenv("SLURM_STEP_NODELIST", "node1")
+  assert distributed.cluster_environment() is None
+  monkeypatch.delenv("SLURM_STEP_NODELIST")
+  monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "123;tcp://10.0.0.1:5000")
+  assert distributed.cluster_environment() is None
+
+
+def test_single_process_initialize_is_not_multi_process(monkeypatch):
+  _clear(monkeypatch)
+  assert distributed.initialize() is False
+
+
+def test_only_process_zero_is_primary(monkeypatch):
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  assert distributed.is_primary() is False
+  monkeypatch.setattr(jax, "process_index", lambda: 0)
+  assert distributed.is_primary() is True

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from repdef_jax import data
+from repdef_jax import data_cli
 from repdef_jax import download
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -395,3 +396,27 @@ def test_overridden_checksums_drop_the_published_size(tmp_path):
   out = download.fetch_and_decode("mnist", mirror=str(tmp_path / "mirror"),
                                   checksums=sums)
   np.testing.assert_array_equal(out["test"][1], arrays["t10k"][1])
+
+
+def test_cli_sample_rebuilds_the_package_sample_and_reports_it(
+    monkeypatch, tmp_path, capsys):
+  """`repdef-data sample --data_dir=D` reads D, writes into the package's
+  sample_data folder (docs/data.md: it rebuilds the embedded sample), lists
+  each file with its size and exits 0."""
+  calls = []
+  written = tmp_path / "mnist.npz"
+  written.write_bytes(b"12345")
+
+  def write_sample(data_dir, out_dir):
+    calls.append((data_dir, out_dir))
+    return {"mnist": str(written)}
+
+  monkeypatch.setattr(data_cli.data, "write_sample", write_sample)
+  assert data_cli.main(["sample", "--data_dir=/tfds"]) == 0
+  package_sample = os.path.join(
+      os.path.dirname(os.path.abspath(data_cli.__file__)), "sample_data")
+  assert calls == [("/tfds", package_sample)]
+  assert capsys.readouterr().out == f"mnist: {written} (5 bytes)\n"
+  assert data_cli.main(["sample", "--data_dir=/tfds",
+                        f"--out_dir={tmp_path}"]) == 0
+  assert calls[-1] == ("/tfds", str(tmp_path))

@@ -627,3 +627,96 @@ def test_reproduce_all_parts(tmp_path):
     assert (workdir / part / "PART_DONE.json").exists(), part
   assert "Not run." not in text
   assert "paper" in text
+
+
+_MAIN = """
+import os
+from absl import app
+from experiments import config_entry
+from repdef_jax import models
+def run(config, workdir):
+  print("VALUES", config.data_dir, os.environ.get("REPDEF_JAX_QUIET"),
+        config.init, workdir)
+main = config_entry.make_main("attack", run, lambda result, workdir: None,
+                              shortcuts={"init": models.INITS})
+app.run(main)
+"""
+
+
+def _main(tmp_path, *args):
+  env = {k: v for k, v in os.environ.items() if k != "REPDEF_JAX_QUIET"}
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  return subprocess.run([sys.executable, "-c", _MAIN,
+                         f"--workdir={tmp_path}", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_make_main_common_flags_reach_the_run(tmp_path):
+  """--data_dir sets config.data_dir, --quiet sets REPDEF_JAX_QUIET=1, an
+  enum shortcut accepts the field's own default ('auto' init), and a stray
+  positional argument is refused."""
+  out = _main(tmp_path, "--data_dir=/my/tfds", "--quiet", "--init=auto")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f"VALUES /my/tfds 1 auto {tmp_path}" in out.stdout
+  stray = _main(tmp_path, "extra")
+  assert stray.returncode != 0
+  assert "Unexpected arguments: ['extra']" in stray.stderr
+  assert "VALUES" not in stray.stdout
+
+
+def test_tradeoff_medium_is_what_docs_evaluation_md_describes():
+  """docs/evaluation.md: medium attacks every one-image gradient with DLG,
+  iDLG, GS and the *_mask / *_drop variants, every real update with GS,
+  gs_mask, gs_drop and DLG (medium and full), and trains DLG's LeNet
+  (uniform init) at lr 0.2 for the paper's 200 rounds."""
+  for preset in ("medium", "full"):
+    c = tradeoff_cfg.get_config(preset)
+    assert set(c.update_attack.attacks) == {"gs", "gs_mask", "gs_drop",
+                                            "dlg"}, preset
+  medium = tradeoff_cfg.get_config("medium")
+  for name, panel in medium.panels.items():
+    assert set(panel.attacks) == {"dlg", "idlg", "gs", "dlg_mask", "gs_mask",
+                                  "dlg_drop", "gs_drop"}, name
+  lenet = sweep.panel_config(medium, "lenet_mnist")
+  assert (lenet.model, lenet.model_init, lenet.client_lr, lenet.rounds) == (
+      "lenet", "uniform", 0.2, 200)
+
+
+def test_full_panels_attack_each_model_with_its_papers_attack():
+  """GS's ConvNet under the GS family; DLG's LeNet under DLG."""
+  full = tradeoff_cfg.get_config("full")
+  for name, panel in full.panels.items():
+    if panel.model.startswith("convnet"):
+      assert "gs" in panel.attacks and "dlg" not in panel.attacks, name
+    if panel.model == "lenet":
+      assert "dlg" in panel.attacks, name
+
+
+def test_part_presets_keep_their_docstrings_promises():
+  adaptive_medium = adaptive_cfg.get_config("medium")
+  lenet = adaptive_medium.panels.lenet_mnist
+  assert (lenet.family, lenet.model_init) == ("dlg", "uniform")
+  assert adaptive_medium.panels.convnet16_mnist.family == "gs"
+  assert len(adaptive_medium.seeds) * adaptive_medium.num_images == 9
+  adaptive_full = adaptive_cfg.get_config("full")
+  assert (len(adaptive_full.seeds), adaptive_full.num_images) == (5, 8)
+  # certified full: rates 0-90 in steps of 10.
+  assert tuple(certified_cfg.get_config("full").rates) == tuple(
+      float(r) for r in range(0, 100, 10))
+  # visual: both claim rates are among the settings they are decided on.
+  for preset in ("quick", "medium", "full"):
+    v = visual_cfg.get_config(preset)
+    assert ("soteria", v.claim_soteria_rate) in v.settings, preset
+    assert ("compression", v.claim_compression_rate) in v.settings, preset
+  # convergence medium: (I, K) in {(1, 10), (10, 10), (10, 5), (10, 20)},
+  # none and Soteria 10 / 80 %: 12 settings, plus undefended LeNet.
+  conv = convergence.settings(convergence_cfg.get_config("medium"))
+  main = [s for s in conv if "overrides" not in s]
+  assert len(main) == 12
+  assert {(s["local_steps"], s["clients_per_round"]) for s in main} == {
+      (1, 10), (10, 10), (10, 5), (10, 20)}
+  # repinfer medium: 3 seeds x 5 rounds x 10 devices; 8 one-image gradients
+  # and 4 two-image updates per seed.
+  r = repinfer_cfg.get_config("medium")
+  assert (len(r.seeds), r.rounds, r.clients_per_round, r.recon_images,
+          r.recon_clients, r.update_images) == (3, 5, 10, 8, 4, 2)

@@ -153,3 +153,33 @@ def test_label_out_of_range_is_nan_and_empty_mask_is_zero(setup):
   g = gradients.batch_grad(model, params, x, y, none)
   assert all(np.all(np.asarray(leaf) == 0.0)
              for leaf in jax.tree_util.tree_leaves(g))
+
+
+def test_labels_with_a_trailing_axis_are_refused_not_broadcast():
+  """Hard labels of shape [B, 1] (y[:, None]) or soft labels of shape
+  [B, 1] broadcast against [B, K] logits to a finite, wrong loss; they must
+  be refused with the message naming both accepted shapes."""
+  logits = jnp.array([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]])
+  for labels in (jnp.array([[1], [2]]), jnp.ones((2, 1))):
+    with pytest.raises(ValueError, match=r"labels \(soft\) must have the "
+                       r"shape of logits \(2, 3\); got shape \(2, 1\)"):
+      gradients.cross_entropy(logits, labels)
+
+
+def test_mask_of_the_wrong_shape_names_itself():
+  model = models.get_model("logreg", (4, 4, 1), 3)
+  params = model.init(jax.random.key(0))
+  x = jnp.ones((3, 4, 4, 1))
+  y = jnp.array([0, 1, 2])
+  for bad in (jnp.ones((3, 1)), jnp.ones(2)):
+    with pytest.raises(ValueError, match=r"mask must have shape \[B\] = "
+                       r"\(3,\) for 3 images; got shape"):
+      gradients.batch_loss(model, params, x, y, bad)
+
+
+def test_check_grads_match_refuses_renamed_layers_of_equal_shapes():
+  params = {"a": jnp.zeros(3), "b": jnp.zeros(3)}
+  with pytest.raises(ValueError, match="grads does not match the parameter "
+                     "tree"):
+    gradients.check_grads_match(params, {"a": jnp.zeros(3),
+                                         "c": jnp.zeros(3)})

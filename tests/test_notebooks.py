@@ -22,7 +22,11 @@ import time
 import zipfile
 
 import nbformat
+import numpy as np
 import pytest
+
+from repdef_jax.paper import notebook
+from repdef_jax.paper import tradeoff
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "colab", "*.ipynb")))
@@ -288,3 +292,62 @@ def test_notebook_executes_tiny_from_the_wheel(wheel_env, path):
     assert "data: sample: the embedded sample" in text
   else:
     assert "images: sample" in text
+
+
+def test_attack_vs_defense_rows_hold_each_settings_reconstruction(
+    monkeypatch):
+  """Each row: the setting's label, the attack's reconstruction (not the
+  original image) and its metrics; 'soteria:<q>' picks perturbation q and
+  defense_kwargs reach the defense of their setting."""
+  defenses, calls = [], []
+
+  def get_defense(name, strength, model=None, **kwargs):
+    defenses.append((name, strength, kwargs))
+    return f"defense {len(defenses)}"
+
+  def defend_and_attack(model, params, d, x, y, attack, *keys, iterations,
+                        restarts, give_labels):
+    calls.append((d, attack, iterations, restarts))
+    return {"ssim": 0.5, "mse_clamped": 0.1}, np.full_like(
+        np.asarray(x), 0.25 * len(calls)), None
+
+  monkeypatch.setattr(notebook.defenses_lib, "get_defense", get_defense)
+  monkeypatch.setattr(notebook.harness, "defend_and_attack",
+                      defend_and_attack)
+  result = notebook.attack_vs_defense(
+      "mnist", "logreg", "gs", settings=[("none", 0.0), ("soteria:q0", 60.0)],
+      iterations=7, defense_kwargs={"soteria:q0 60": {"layer": "fc"}})
+  assert defenses == [("none", 0.0, {}),
+                      ("soteria", 60.0, {"layer": "fc", "q": "q0"})]
+  assert calls == [("defense 1", "gs", 7, 1), ("defense 2", "gs", 7, 1)]
+  assert [r[0] for r in result["rows"]] == ["none 0", "soteria:q0 60"]
+  for i, (_, x_rec, m) in enumerate(result["rows"]):
+    np.testing.assert_array_equal(x_rec, np.full_like(result["image"],
+                                                      0.25 * (i + 1)))
+    assert m == {"ssim": 0.5, "mse_clamped": 0.1}
+  assert result["image"].shape == (28, 28, 1)
+
+
+def test_federated_tradeoff_passes_every_argument_to_the_sweep(
+    monkeypatch, tmp_path, capsys):
+  seen = []
+  monkeypatch.setattr(tradeoff, "run",
+                      lambda c, workdir: seen.append((c, workdir)) or "R")
+  assert notebook.federated_tradeoff(
+      str(tmp_path), rounds=6, num_clients=10, num_images=3, attack="dlg",
+      attack_iterations=17, soteria=(30.0,), compression=(70.0,),
+      dp_gaussian=(1e-3,), model="lenet") == "R"
+  [(c, workdir)] = seen
+  assert workdir == str(tmp_path)
+  assert c.defenses.to_dict() == {"soteria": (30.0,), "compression": (70.0,),
+                                  "dp_gaussian": (1e-3,)}
+  assert c.num_images == 3 and c.seeds == (0,)
+  assert c.attack_budgets.dlg.outer_steps == 17
+  assert c.attack_budgets.gs.iterations == 17
+  panel = c.panels.notebook
+  assert (panel.dataset, panel.model, panel.attacks) == (
+      "mnist", "lenet", ("dlg", "dlg_mask"))
+  assert (panel.train.num_clients, panel.train.rounds,
+          panel.train.clients_per_round) == (10, 6, 5)
+  assert c.accuracy_window == 2
+  assert capsys.readouterr().out.startswith("data: ")
