@@ -215,3 +215,53 @@ def test_the_curve_median_gives_no_interval_from_one_value():
   assert row["ratio_low"] is None
   assert out["median"]["value"] == pytest.approx(row["ratio"])
   assert out["median"]["low"] is None and out["median"]["high"] is None
+
+
+def test_a_soteria_point_that_kept_one_seed_gives_no_ratio_or_median_interval():
+  """The one-seed rule on the numerator side: Soteria's attacks diverged on
+  seed 1, so its samples are seed 0's images only."""
+  soteria = {"strength": 60, "accuracy": [0.9] * 2,
+             "mse_clamped": [0.90, 0.95, 0.85], "seeds": [0, 0, 0],
+             "all_seeds": [0, 0, 0, 1, 1, 1]}
+  baseline = {"strength": 90, "accuracy": [0.9] * 2,
+              "mse_clamped": [0.010, 0.012, 0.011, 0.013],
+              "seeds": [0, 0, 1, 1], "all_seeds": [0, 0, 1, 1]}
+  r = ea.ratio_ci(soteria, baseline, "mse_clamped")
+  assert r["value"] == pytest.approx(0.9 / 0.0115)
+  assert r["low"] is None and r["high"] is None
+  out = ea.ratio_curve([soteria], [baseline])
+  assert out["median"]["value"] == pytest.approx(0.9 / 0.0115)
+  assert out["median"]["low"] is None and out["median"]["high"] is None
+  both = {**soteria, "mse_clamped": [0.9, 0.95, 0.85, 0.9],
+          "seeds": [0, 0, 1, 1], "all_seeds": [0, 0, 1, 1]}
+  assert ea.ratio_curve([both], [baseline])["median"]["low"] is not None
+
+
+
+def _ea_pt(strength, acc, **metrics):
+  return {"strength": strength, "accuracy": [acc] * 3,
+          **{k: [v] * 8 for k, v in metrics.items()}}
+
+
+def test_ratio_curve_picks_the_frontier_by_the_given_metric():
+  """By 'other' Soteria 20 is the most private at accuracy 0.85, by
+  mse_clamped Soteria 40 is."""
+  s = [_ea_pt(20, 0.90, mse_clamped=0.1, other=0.3),
+       _ea_pt(40, 0.88, mse_clamped=0.2, other=0.1)]
+  b = [_ea_pt(2, 0.85, mse_clamped=0.02, other=0.02)]
+  [row] = ea.ratio_curve(s, b, metric="other")["per_point"]
+  assert row["soteria_strength"] == 20
+  assert row["ratio"] == pytest.approx(0.3 / 0.02)
+
+
+def test_seeds_not_matching_the_samples_are_ignored():
+  """A point whose recorded seeds do not label its samples one to one is
+  resampled over its images (no ValueError)."""
+  s = {"strength": 60, "accuracy": [0.9] * 2,
+       "mse_clamped": [0.9, 0.95, 0.85, 0.9], "seeds": [0, 1]}
+  q = {"strength": 90, "accuracy": [0.9] * 2,
+       "mse_clamped": [0.01, 0.012, 0.011, 0.013]}
+  r = ea.ratio_ci(s, q, "mse_clamped")
+  assert r["value"] == pytest.approx(0.9 / 0.0115)
+  assert r["low"] is not None
+  assert ea.ratio_curve([s], [q])["median"]["low"] is not None

@@ -8,6 +8,7 @@ recovers an image through Soteria on the leakage model where the plain
 attack is stopped.
 """
 
+import io
 import os
 import types
 
@@ -395,10 +396,10 @@ def _point(defense, strength, ssim):
           [v >= 0.6 for v in ssim]))}}}
 
 
-def _visual_config():
+def _visual_config(attacks=("gs",)):
   return ml_collections.ConfigDict(dict(
       claim_soteria_rate=60.0, claim_compression_rate=80.0,
-      unrecognisable=0.2, success_ssim=0.6, attacks=("gs",), model="leakage",
+      unrecognisable=0.2, success_ssim=0.6, attacks=attacks, model="leakage",
       dataset="cifar10"))
 
 
@@ -725,3 +726,124 @@ def test_batched_image_keys_are_each_index_s_attack_and_defense_keys():
         data(ka[row]), data(jax.random.fold_in(keys.attack, index)))
     np.testing.assert_array_equal(
         data(kd[row]), data(jax.random.fold_in(keys.defense, index)))
+
+
+def test_visual_success_counts_ssim_at_the_threshold():
+  config = _visual_config()
+  attacks = lambda s: {"gs": {"ssim": s, "mse_clamped": 1 - s,  # noqa: E731
+                              "mse": 1 - s, "psnr": 10 * s,
+                              "diverged": False}}
+  cells = [{"seed": 0, "images": [
+      {"attacks": attacks(s), "best": harness.best_of(attacks(s))}
+      for s in (0.6, 0.1)]}]
+  point = visual.summarize(config, "none", 0.0, cells)
+  assert point["per_attack"]["gs"]["success_rate"] == pytest.approx(0.5)
+  assert point["per_attack"]["best"]["success_rate"] == pytest.approx(0.5)
+
+
+def test_visual_table_columns_are_ssim_mse_and_each_attacks_own_rate():
+  config = _visual_config(("gs", "gs_mask"))
+  s = lambda m: {"mean": m, "low": m, "high": m, "n": 3}  # noqa: E731
+  points = [{"defense": "soteria", "strength": 60.0, "per_attack": {
+      "best": {"ssim": s(0.5), "mse_clamped": s(0.02), "success_rate": 0.75,
+               "diverged": 0},
+      "gs": {"success_rate": 0.25, "diverged": 1},
+      "gs_mask": {"success_rate": 0.75, "diverged": 0}}}]
+  t = visual.table(config, points)
+  assert t["header"][1:3] == ["best-of SSIM", "best-of clamped MSE"]
+  assert t["rows"] == [["soteria 60", batched.interval(s(0.5)),
+                        batched.interval(s(0.02)), "0.25 / 1", "0.75 / 0"]]
+
+
+def test_visual_compression_is_judged_against_the_best_of_the_suite_only():
+  config = _visual_config(("gs", "gs_mask"))
+  pt = lambda d, st, v: {"defense": d, "strength": st, "per_attack": {  # noqa
+      n: {"ssim": stats.mean_ci(v), "success_rate": 1.0}
+      for n in ("gs", "best")}}
+  rows = visual.claims(config, [pt("none", 0.0, [0.99, 0.98, 0.97]),
+                                pt("compression", 80.0, [0.9, 0.85, 0.95])])
+  assert len(rows) == 1 and "best of gs/gs_mask" in rows[0]["claim"]
+
+
+
+def test_visual_saves_each_images_best_by_ssim_reconstruction(monkeypatch):
+  """Image 0's best SSIM is gs_mask's, image 1's is gs's: the saved
+  reconstructions follow each image's best, not the suite's first."""
+  recs = {"gs": np.zeros((2, 1, 2, 2, 1)), "gs_mask": np.ones((2, 1, 2, 2, 1))}
+  m = lambda s: {"ssim": s, "mse_clamped": 1 - s, "mse": 1 - s,  # noqa
+                 "psnr": 10 * s, "diverged": False}
+  per = [{"gs": m(0.1), "gs_mask": m(0.9)}, {"gs": m(0.8), "gs_mask": m(0.2)}]
+  entries = [{"attacks": a, "best": harness.best_of(a)} for a in per]
+  monkeypatch.setattr(batched, "get_defense", lambda *a, **k: None)
+  monkeypatch.setattr(batched, "image_keys", lambda keys, idx: (None, None))
+  monkeypatch.setattr(batched, "defend_batch",
+                      lambda *a, **k: (None, None, {}))
+  monkeypatch.setattr(batched, "attack_suite",
+                      lambda *a, **k: (entries, recs))
+  saved = {}
+  monkeypatch.setattr(visual.storage, "write_bytes",
+                      lambda path, b: saved.setdefault(path, b))
+  config = ml_collections.ConfigDict(dict(
+      attacks=("gs", "gs_mask"), attack_budgets={}, give_labels=True))
+  visual.setting_cell(config, None, None, None, np.zeros((2, 1, 2, 2, 1)),
+                      np.zeros((2, 1)), "soteria", 60.0, "rec.npy")
+  best = np.load(io.BytesIO(saved["rec.npy"]))
+  assert best.shape == (2, 2, 2, 1)
+  assert best[0].min() == 1.0 and best[1].max() == 0.0
+
+
+
+def test_adaptive_variants_build_the_named_soteria_rule(monkeypatch):
+  built = []
+
+  def get_defense(name, strength, model, **kwargs):
+    built.append((name, strength, kwargs))
+    return None
+
+  monkeypatch.setattr(batched, "get_defense", get_defense)
+  monkeypatch.setattr(batched, "image_keys", lambda keys, idx: (None, None))
+  monkeypatch.setattr(batched, "defend_batch",
+                      lambda *a, **k: (None, None, {}))
+  monkeypatch.setattr(batched, "attack_suite", lambda *a, **k: ([], {}))
+  panel = types.SimpleNamespace(
+      model=None, params=lambda stage: None, keys=None, indices=[],
+      images=None, labels=None, attacks=("gs",), name="p", source="x")
+  monkeypatch.setattr(adaptive, "panel_budgets", lambda c, n: {})
+  config = ml_collections.ConfigDict(dict(give_labels=True))
+  for variant in ("reference", "count", "exact"):
+    adaptive.attack_cell(config, panel, "init", variant, 80.0)
+  assert built == [("soteria", 80.0, {}),
+                   ("soteria", 80.0, {"selection": "count"}),
+                   ("soteria", 80.0, {"score": "exact"})]
+
+
+
+def test_adaptive_rows_average_the_defense_info_and_skip_all_diverged_images():
+  """'pruned %' is the mean over the row's images; an image on which every
+  attack diverged has no best-of MSE (and does not crash the row)."""
+  config = ml_collections.ConfigDict(dict(
+      success_ssim=0.6, unrecognisable=0.2,
+      panels={"p": ml_collections.ConfigDict(dict(
+          family="gs", model="leakage", dataset="mnist"))}))
+
+  def images(ssims, fractions, all_diverged=()):
+    out = []
+    for i, (v, f) in enumerate(zip(ssims, fractions)):
+      a = {n: {"ssim": v, "mse_clamped": 1 - v, "mse": 1 - v,
+               "psnr": 10 * v, "diverged": i in all_diverged}
+           for n in adaptive.suite("gs")}
+      out.append({"attacks": a, "best": harness.best_of(a),
+                  "defense/pruned_fraction_of_active": f})
+    return out
+
+  base = {"panel": "p", "seed": 0, "stage": "init"}
+  rows = adaptive.analyse(config, [
+      ({**base, "variant": "none", "rate": 0.0},
+       {"images": images([0.99] * 3, [0.0] * 3)}),
+      ({**base, "variant": "reference", "rate": 80.0},
+       {"images": images([0.1, 0.2, 0.3], [0.1, 0.1, 0.7],
+                         all_diverged={2})})])
+  (row,) = [r for r in rows if r["variant"] != "none"]
+  assert row["defense/pruned_fraction_of_active"] == pytest.approx(0.3)
+  assert row["attacks"]["best"]["mse_clamped"]["n"] == 2
+  assert row["attacks"]["best"]["mse_clamped"]["mean"] == pytest.approx(0.85)

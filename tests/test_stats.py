@@ -194,3 +194,33 @@ def test_ratio_ci_gives_no_interval_when_either_side_has_one_value():
     r = stats.ratio_ci(num, den)
     assert r["value"] == pytest.approx(np.mean(num) / np.mean(den))
     assert r["low"] is None and r["high"] is None
+
+
+def test_grouped_mean_is_the_mean_of_skewed_group_means():
+  """Seed means 2 (of 1, 1, 4) and 10 (of 10, 10, 10): mean 6, t(2 dof... 1
+  dof) interval over the two seed means; a median per seed would give 5.5."""
+  g = stats.mean_ci([1.0, 1.0, 4.0, 10.0, 10.0, 10.0],
+                    groups=[0, 0, 0, 1, 1, 1])
+  assert g["mean"] == pytest.approx(6.0)
+  assert g["high"] - g["mean"] == pytest.approx(
+      12.706205 * np.std([2.0, 10.0], ddof=1) / np.sqrt(2), rel=1e-5)
+
+
+
+def test_bootstrap_and_ratio_intervals_are_fixed_by_their_seed_and_level():
+  rng = np.random.default_rng(3)
+  v, w = rng.normal(5, 1, 25), rng.normal(1, 0.1, 25)
+  a = stats.bootstrap_ci(v, np.mean)
+  assert stats.bootstrap_ci(v, np.mean) == a
+  assert stats.bootstrap_ci(v, np.mean, seed=1) != a
+  r = stats.ratio_ci(v, w)
+  assert stats.ratio_ci(v, w) == r
+  assert stats.ratio_ci(v, w, seed=1) != r
+  half = stats.ratio_ci(v, w, level=0.5)
+  assert r["low"] < half["low"] < half["high"] < r["high"]
+
+
+
+def test_bootstrap_of_one_value_has_no_interval():
+  b = stats.bootstrap_ci([3.0, float("nan")], np.mean)
+  assert (b["value"], b["low"], b["high"], b["n"]) == (3.0, None, None, 1)
