@@ -742,3 +742,63 @@ def test_a_negative_feature_is_active_for_count_selection():
   np.testing.assert_array_equal(kept, [True, False, True, True])
   np.testing.assert_allclose(float(info["active_fraction"]), 1.0)
   np.testing.assert_allclose(float(info["effective_pruned_fraction"]), 0.25)
+
+
+@pytest.mark.parametrize("name,shape", [("leakage", (6, 6, 2)),
+                                        ("lenet", (8, 8, 3))])
+def test_jacobian_norms_with_nonzero_biases_match_generic_jacobian(name, shape):
+  # Trained parameters have non-zero biases; the one-forward-pass row-norm
+  # rule must drop them (init biases are all 0, hiding the mistake).
+  model = models.get_model(name, shape)
+  params = model.init(jax.random.key(0))
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  keys = jax.random.split(jax.random.key(5), len(leaves))
+  params = jax.tree_util.tree_unflatten(treedef, [
+      (v + jax.random.normal(k, v.shape, v.dtype)
+       if p[-1].key == "bias" else v) for (p, v), k in zip(leaves, keys)])
+  x = jax.random.uniform(jax.random.key(1), (2, *shape))
+  r_ref, j_ref = S.features_and_jacobian(
+      model.with_conv_impl("xla").feature_fn(params), x, jacobian="rev")
+  r, norms = S.representation_jacobian_norms(model, params, x)
+  np.testing.assert_allclose(r, r_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(norms, np.linalg.norm(j_ref, axis=-1),
+                             rtol=1e-4, atol=1e-6)
+
+
+def test_apply_mask_accepts_a_string_path():
+  g = {"head": {"kernel": jnp.ones((4, 3)), "bias": jnp.ones(3)},
+       "conv": {"kernel": jnp.ones((2, 2, 1, 4))}}
+  out = S.apply_mask(g, jnp.array([1, 0, 1, 0]), "head")
+  np.testing.assert_array_equal(out["head"]["kernel"].sum(axis=1),
+                                [3.0, 0.0, 3.0, 0.0])
+  assert out["conv"]["kernel"] is g["conv"]["kernel"]
+
+
+def test_defended_layer_not_a_mapping_raises_value_error():
+  # The defended path exists but holds an array, not a Dense layer's dict.
+  with pytest.raises(ValueError, match="defended linear layer"):
+    S.defended_layer({"head": jnp.ones((4, 3))}, ("head",))
+  with pytest.raises(ValueError, match="defended linear layer"):
+    S.defended_layer({"head": [1, 2]}, ("head",))
+
+
+def test_exact_score_of_an_all_zero_jacobian_is_zero_not_nan():
+  # A feature map whose Jacobian is 0 everywhere (e.g. dead ReLUs): J^+ = 0.
+  r = jnp.ones((2, 3))
+  got = S.scores_from_jacobian(r, jnp.zeros((2, 3, 5)), score="exact")
+  np.testing.assert_array_equal(np.asarray(got), np.zeros(3))
+
+
+def test_exact_score_cutoff_scales_with_the_larger_dimension():
+  # J [2, 100] with singular values 1 and 5e-6: below the cutoff
+  # max(F, D) * eps32 * s_max ~ 1.2e-5, so J^+ drops it (as jnp.linalg.pinv).
+  u = np.eye(2, dtype=np.float32)
+  v = np.linalg.qr(np.random.default_rng(0).normal(size=(100, 2)))[0]
+  jac = (u * np.array([1.0, 5e-6])) @ v.T.astype(np.float32)
+  r = jnp.ones((1, 2))
+  got = S.scores_from_jacobian(r, jnp.asarray(jac[None], jnp.float32),
+                               score="exact")
+  want = -np.linalg.norm(np.asarray(jnp.linalg.pinv(jnp.asarray(
+      jac, jnp.float32))), axis=0)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-3, atol=1e-5)
+  assert abs(float(got[1])) < 10.0  # Not 1 / 5e-6.
