@@ -207,11 +207,7 @@ class FedAvgConfig:
     if self.weighting not in WEIGHTINGS:
       raise ValueError(f"weighting must be one of {WEIGHTINGS}, got "
                        f"{self.weighting!r}.")
-    try:  # A real number or a 0-d numeric array (jnp.float32(0.01)).
-      l2 = (math.nan if isinstance(self.l2, (bool, str)) or np.ndim(self.l2)
-            else float(self.l2))
-    except (TypeError, ValueError):
-      l2 = math.nan
+    l2 = schedules.as_real(self.l2)  # jnp.float32(0.01) too.
     if not (math.isfinite(l2) and l2 >= 0):
       raise ValueError(f"l2 must be a finite number >= 0, got {self.l2!r}.")
     flag = np.asarray(self.replace)  # True / False, 0 / 1, 0-d arrays.

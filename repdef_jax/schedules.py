@@ -21,22 +21,25 @@ import numpy as np
 import optax
 
 
+def as_real(value: Any) -> float:
+  """``value`` as a float if it is a real scalar (a Python, NumPy or 0-d
+  array number), else NaN: a bool, a string, a complex number or an array
+  with a dimension, even of one value, is none (``float`` alone would take
+  some of them)."""
+  try:
+    if (isinstance(value, (bool, np.bool_, str, bytes)) or np.ndim(value)
+        or np.iscomplexobj(value)):
+      return math.nan
+    return float(value)
+  except (TypeError, ValueError):  # A ragged sequence, a non-number.
+    return math.nan
+
+
 def check_rate(value: Any, name: str, accepted: str) -> None:
   """Raises ``ValueError('<name> must be <accepted>, got ...')`` unless
-  ``value`` is a finite real number > 0 (a client or server learning rate):
-  a Python, NumPy or 0-d array number, not a bool, a string or an array
-  with a dimension, even of one value (``float`` alone would take some)."""
-  v = float("nan")
-  try:
-    scalar = not (isinstance(value, (bool, np.bool_, str, bytes)) or
-                  np.ndim(value) or np.iscomplexobj(value))
-  except (TypeError, ValueError):  # A ragged nested sequence.
-    scalar = False
-  if scalar:
-    try:
-      v = float(value)
-    except (TypeError, ValueError):
-      pass
+  ``value`` is a finite real number > 0 (:func:`as_real`; a client or server
+  learning rate)."""
+  v = as_real(value)
   if not (math.isfinite(v) and v > 0):
     raise ValueError(f"{name} must be {accepted}, got {value!r}.")
 
