@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from repdef_jax import attacks
-from repdef_jax.attacks import base as attacks_base
 from repdef_jax import defenses
 from repdef_jax import fedavg
 from repdef_jax import gradients
@@ -29,7 +28,6 @@ if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top,wrong-import-position
 from repdef_jax.paper import main_job as attack_main  # pylint: disable=g-import-not-at-top,wrong-import-position
-from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 NUM_MOCK = 8  # examples per split for the mock_env fixture
 
@@ -217,9 +215,8 @@ def test_sweep_keys_share_fedavg_init_and_keep_streams_apart():
   for seed in (0, 3):
     keys = harness.sweep_keys(seed)
     assert _key_bytes(keys.init) == _key_bytes(fedavg.key_streams(seed).init)
-    assert len({_key_bytes(k) for k in keys[1:]}) == 3
-    assert _key_bytes(keys.init) not in {_key_bytes(keys.attack),
-                                         _key_bytes(keys.defense)}
+    assert len({_key_bytes(k) for k in keys[1:]}) == 4
+    assert _key_bytes(keys.init) not in {_key_bytes(k) for k in keys[1:]}
     per_image = [harness.image_keys(keys, i) for i in range(3)]
     flat = [_key_bytes(k) for pair in per_image for k in pair]
     assert len(set(flat)) == 6
@@ -227,12 +224,8 @@ def test_sweep_keys_share_fedavg_init_and_keep_streams_apart():
       harness.sweep_keys(3).attack)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap: with jax_threefry_partitionable (JAX's default) "
-    "split(key, 3)[i] == fold_in(key, i), so sweep_keys' data, attack and "
-    "defense keys are FedAvg's init, sampling and train streams."))
 def test_sweep_keys_streams_are_not_fedavg_streams():
-  """SweepKeys' own streams (data, attack, defense) are none of FedAvg's
+  """SweepKeys' own streams (data, attack, defense, update) are none of FedAvg's
   named streams: image draws are not tied to the model init, nor attack
   dummies to client sampling."""
   keys = harness.sweep_keys(0)
@@ -243,25 +236,15 @@ def test_sweep_keys_streams_are_not_fedavg_streams():
   assert not {_key_bytes(k) for k in keys[1:]} & (fed | {audit})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap (docs/design.md): the trade-off's update cells key their "
-    "attacks fold_in(attack, round) on the stream that keys image i "
-    "fold_in(attack, i)."))
 def test_update_cell_attack_keys_are_not_image_keys():
+  """Neither the client draw nor the attack keys of a real-update cell are
+  an image's attack or defense key."""
   keys = harness.sweep_keys(0)
-  images = {_key_bytes(harness.image_keys(keys, i)[0]) for i in range(8)}
-  # tradeoff.update_cell's key for the round-0 ("first") stage.
-  assert _key_bytes(tradeoff.update_attack_key(keys, 0)) not in images
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap (docs/design.md): restart_keys uses the key itself for one "
-    "restart and split(key, R) for more."))
-def test_one_restart_is_restart_zero_of_more():
-  key = jax.random.key(3)
-  one = attacks_base.restart_keys(key, 1)
-  assert _key_bytes(one[0]) == _key_bytes(
-      attacks_base.restart_keys(key, 2)[0])
+  images = {_key_bytes(k) for i in range(8)
+            for k in harness.image_keys(keys, i)}
+  for rounds in (0, 1, 5):
+    assert not {_key_bytes(k) for k in harness.update_keys(keys, rounds)
+                } & images
 
 
 def test_main_job_attacks_each_image_with_its_index_keys(mock_env,

@@ -20,6 +20,7 @@ from repdef_jax.paper import harness
 from repdef_jax.paper import leakage
 from repdef_jax.paper import sweep
 from repdef_jax.paper import theorem1
+from repdef_jax.paper import tradeoff
 
 
 def _res(x_rec, labels, diverged=False):
@@ -188,16 +189,45 @@ def test_load_images_refuses_a_short_split_or_falls_back(monkeypatch):
 def test_a_non_default_added_key_is_a_setting(tmp_path):
   """training.ADDED_KEYS at their old default are left out (old cells stay
   valid); any other value is a setting a stored cell is checked against."""
-  assert harness.cell_settings({"train": {"soteria_q": "q0", "lr": 1}}) == {
-      "train": {"lr": 1}}
-  assert harness.cell_settings({"train": {"soteria_q": "q1"}}) == {
-      "train": {"soteria_q": "q1"}}
+  assert harness.cell_settings({"train": {"soteria_q": "q0", "lr": 1}},
+                               sweep_streams=False) == {"train": {"lr": 1}}
+  assert harness.cell_settings({"train": {"soteria_q": "q1"}},
+                               sweep_streams=False) == {
+                                   "train": {"soteria_q": "q1"}}
   store = harness.CellStore(str(tmp_path))
   store.get_or_run("c", dict, None, harness.cell_settings(
       {"train": {"soteria_q": "q0"}}))
   with pytest.raises(ValueError, match=r"train\.soteria_q: None -> 'q1'"):
     store.get_or_run("c", dict, None, harness.cell_settings(
         {"train": {"soteria_q": "q1"}}))
+
+
+def test_a_cell_of_an_older_key_scheme_is_refused(tmp_path):
+  """A cell that draws from the sweep's streams records the key scheme; one
+  stored before it (scheme 1, no record) is refused, not mixed in, while a
+  cell that draws only FedAvg's streams (a training run) is still reused."""
+  store = harness.CellStore(str(tmp_path))
+  config = {"train": {"lr": 1}}
+  old = harness.cell_settings(config, sweep_streams=False)
+  assert harness.cell_settings(config) == {
+      **old, "key_scheme": harness.KEY_SCHEME}
+  store.put("attack", {"v": 1, "settings": old})
+  store.put("train", {"v": 2, "settings": old})
+  with pytest.raises(ValueError, match=r"key_scheme: None -> 2"):
+    store.get_or_run("attack", dict, None, harness.cell_settings(config))
+  assert store.get_or_run("train", dict, None, old)["v"] == 2
+
+
+def test_tradeoff_records_the_key_scheme_on_cells_that_draw_sweep_keys():
+  """Training cells draw FedAvg's streams only (the 90 finished training
+  runs of a scheme-1 workdir stay valid); attack and update cells record the
+  scheme."""
+  config = tradeoff_cfg.get_config("tiny")
+  seen = {}
+  for cell in sweep.plan(config):
+    seen.setdefault(cell["kind"], "key_scheme" in tradeoff.cell_settings(
+        config, cell))
+  assert seen == {"train": False, "attack": True, "update": True}
 
 
 def test_batched_suite_returns_a_kept_mask_attack_without_its_plain_one(

@@ -87,8 +87,9 @@ def test_update_stages_are_rounds_0_half_and_last_with_their_keys(
     if value is not None:
       for leaf in jax.tree_util.tree_leaves(seen["params"]):
         np.testing.assert_array_equal(leaf, value)
-    assert _key_bytes(seen["key"]) == _key_bytes(
-        tradeoff.update_attack_key(panel.keys, rnd)), stage
+    client_key, attack_key = harness.update_keys(panel.keys, rnd)
+    assert _key_bytes(seen["key"]) == _key_bytes(attack_key), stage
+    assert out["client"] == int(jax.random.randint(client_key, (), 0, 3))
     attack_keys.add(_key_bytes(seen["key"]))
     # The client's training keys are those of the stage's round.
     assert seen["client_round"] == rnd, stage

@@ -211,7 +211,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         lambda s=s, seed=seed, run_dir=run_dir: run_cell(base, s, seed,
                                                          run_dir),
         progress, harness.cell_settings({"base": base.to_dict(), "setting": s},
-                                        ("base.data_dir",)))
+                                        ("base.data_dir",),
+                                        sweep_streams=False))
     by_setting.setdefault(s["name"], []).append(cell)
   summaries = [summarize(s, by_setting[s["name"]]) for s in settings(config)]
   payload = {"experiment": "convergence", "config": config.to_dict(),

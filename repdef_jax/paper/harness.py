@@ -51,18 +51,37 @@ class SweepKeys(NamedTuple):
     data: which test images are drawn.
     attack: attack randomness (dummy images); fold in the image index.
     defense: defense randomness (noise); fold in the image index.
+    update: the real-update attacks (which client, which dummies); fold in
+      the round (:func:`update_keys`).
   """
 
   init: jax.Array
   data: jax.Array
   attack: jax.Array
   defense: jax.Array
+  update: jax.Array
+
+
+# The sweep's own streams are fold_in(root, FIRST_SWEEP_STREAM + i): past
+# FedAvg's 0 .. len(STREAMS) - 1 and the Flower auditor's len(STREAMS). (A
+# split of the root would reuse them: with JAX's partitionable threefry,
+# split(key, n)[i] == fold_in(key, i).)
+FIRST_SWEEP_STREAM = len(fedavg.STREAMS) + 1
+
+# Recorded in the settings of every cell that draws from these streams, so a
+# cell drawn by an older scheme is refused, never mixed in. 2: the streams
+# above (1: split(root, 3), which were FedAvg's init, sampling and train
+# streams, and the real-update attacks keyed on the image stream).
+KEY_SCHEME = 2
 
 
 def sweep_keys(seed: int) -> SweepKeys:
-  """Splits ``seed`` into :class:`SweepKeys` (init shared with FedAvg)."""
-  others = jax.random.split(jax.random.key(int(seed)), 3)
-  return SweepKeys(fedavg.key_streams(seed).init, *others)
+  """Splits ``seed`` into :class:`SweepKeys` (init shared with FedAvg, the
+  others disjoint from FedAvg's and the Flower auditor's streams)."""
+  root = jax.random.key(int(seed))
+  return SweepKeys(fedavg.key_streams(seed).init,
+                   *(jax.random.fold_in(root, FIRST_SWEEP_STREAM + i)
+                     for i in range(len(SweepKeys._fields) - 1)))
 
 
 def image_keys(keys: SweepKeys, index: int) -> tuple[jax.Array, jax.Array]:
@@ -70,6 +89,13 @@ def image_keys(keys: SweepKeys, index: int) -> tuple[jax.Array, jax.Array]:
   defense, so all attacks on one image start from the same dummy."""
   return (jax.random.fold_in(keys.attack, index),
           jax.random.fold_in(keys.defense, index))
+
+
+def update_keys(keys: SweepKeys, rounds: int) -> tuple[jax.Array, jax.Array]:
+  """The (client, attack) keys of the real-update attack at round
+  ``rounds``: which client is attacked, and its attacks' dummies."""
+  stage = jax.random.fold_in(keys.update, rounds)
+  return jax.random.fold_in(stage, 0), jax.random.fold_in(stage, 1)
 
 
 def jsonable(v: Any) -> Any:
@@ -461,17 +487,21 @@ def strip(settings: Any, drop: Sequence[str] = ()) -> Any:
 
 
 def cell_settings(config: Any, drop: Sequence[str] = (),
-                  panel: str | None = None) -> dict[str, Any]:
+                  panel: str | None = None,
+                  sweep_streams: bool = True) -> dict[str, Any]:
   """What a sweep's cells depend on: ``config`` as a JSON-ready dict without
   ``data_dir``, :data:`RUNTIME_LEAVES` and ``drop`` (keys, dotted for nested
   ones, that enumerate cells, e.g. ``seeds``, or only shape the analysis,
   e.g. a threshold), and ``panels`` narrowed to ``panel`` when given, so a
   sweep can grow (more seeds, rates, panels) without touching its finished
-  cells."""
+  cells. A cell that draws from :class:`SweepKeys` past ``init``
+  (``sweep_streams``) also records :data:`KEY_SCHEME`."""
   d = strip(jsonable(config.to_dict() if hasattr(config, "to_dict")
                      else config), ("data_dir", *drop))
   if panel is not None:
     d["panels"] = {panel: d["panels"][panel]}
+  if sweep_streams:
+    d["key_scheme"] = KEY_SCHEME
   return d
 
 

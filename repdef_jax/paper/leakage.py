@@ -337,7 +337,8 @@ def update_cell(config: ml_collections.ConfigDict, images: np.ndarray,
   parts = partition.noniid(labels, num_clients=config.num_clients,
                            classes_per_client=b, samples_per_class=1,
                            seed=seed)
-  _, k_clients = jax.random.split(keys.data)  # one_image draws from data
+  # Round 0's real-update keys: which clients, and their attacks' dummies.
+  k_clients, k_attack = harness.update_keys(keys, 0)
   cids = np.sort(np.asarray(jax.random.choice(
       k_clients, len(parts), (config.recon_clients,), replace=False)))
   idx = np.stack([parts[c] for c in cids])  # [C, B], distinct classes
@@ -347,7 +348,7 @@ def update_cell(config: ml_collections.ConfigDict, images: np.ndarray,
                              client_lr=float(lr))
   grads, classes, r_hat = _update_fn(model, fcfg, b)(
       params, fedavg.key_streams(seed), x, y, jnp.asarray(cids))
-  rec_keys = jnp.stack([harness.image_keys(keys, int(c))[0] for c in cids])
+  rec_keys = jnp.stack([jax.random.fold_in(k_attack, int(c)) for c in cids])
   recs, entry = {}, {}
   x_np = np.asarray(x)
   for source in SOURCES:
@@ -586,6 +587,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   os.makedirs(workdir, exist_ok=True)
   store = harness.CellStore(os.path.join(workdir, "cells"))
   cell_settings = harness.cell_settings(config, ("seeds",))
+  fedavg_only = harness.cell_settings(config, ("seeds",), sweep_streams=False)
   images, labels = _train_images(config.dataset, config.data_dir,
                                  config.max_train_examples)
   seeds = [int(s) for s in config.seeds]
@@ -595,7 +597,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   inf_cells = [store.get_or_run(
       harness.cell_name("inference", f"seed{s}"),
       functools.partial(inference_cell, config, images, labels, s), progress,
-      cell_settings) for s in seeds]
+      fedavg_only) for s in seeds]
   recon_cells: dict[str, list[dict]] = {}
   for setting in settings:
     fn = one_image_cell if setting == "one_image" else update_cell

@@ -497,10 +497,11 @@ def run(config: Any, workdir: str, verbose: bool = True) -> dict:
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, RESULT_FILE)
   results = {"config": harness.jsonable(config), "data_source": kind,
+             "key_scheme": harness.KEY_SCHEME,
              "pixel_space": metrics.PIXEL_SPACE, "images": []}
   old = storage.read_json(path)
   if old is not None:
-    for field in ("config", "data_source"):
+    for field in ("config", "data_source", "key_scheme"):
       if old.get(field) != results[field]:
         raise ValueError(
             f"{path} holds results of a different {field} "
@@ -524,8 +525,7 @@ def run(config: Any, workdir: str, verbose: bool = True) -> dict:
       try:
         und, dfd, *recs = attack_image(
             model, params, config["attack"], defense, x, y,
-            jax.random.fold_in(keys.attack, idx),
-            jax.random.fold_in(keys.defense, idx), config["iterations"],
+            *harness.image_keys(keys, idx), config["iterations"],
             every, config["dlg_optimizer"])
         entry.update(undefended=und, defended=dfd)
       except (ValueError, FloatingPointError) as e:

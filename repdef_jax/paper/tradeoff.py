@@ -157,12 +157,6 @@ def _image_entry(suite: dict[str, Any]) -> dict[str, Any]:
           "best": suite["best"]}
 
 
-def update_attack_key(keys: harness.SweepKeys, rounds: int) -> jax.Array:
-  """The attack key of the real-update cell at round ``rounds`` (see the
-  known gap of docs/design.md: it is image ``rounds``'s attack key)."""
-  return jax.random.fold_in(keys.attack, rounds)
-
-
 def attack_cell(config, panel: _Panel, defense: str,
                 strength: float) -> dict[str, Any]:
   """The attack suite on each image's one-image gradient at round 0.
@@ -225,9 +219,9 @@ def update_cell(config, panel: _Panel, defense: str, strength: float,
     with open(path, "rb") as f:
       params = flax.serialization.from_bytes(panel.params0, f.read())
   images, labels, idx = _client_data(tc, config.data_dir)
-  # The attacked client: drawn per (seed, stage) from the data stream.
-  stage_key = jax.random.fold_in(panel.keys.data, rounds)
-  cid = int(jax.random.randint(stage_key, (), 0, len(idx)))
+  # The attacked client and the attacks' dummies: per (seed, stage).
+  client_key, attack_key = harness.update_keys(panel.keys, rounds)
+  cid = int(jax.random.randint(client_key, (), 0, len(idx)))
   pick = np.asarray(idx[cid])[:ua.batch]
   x = data_lib.to_float(images[pick])
   y = labels[pick]
@@ -247,7 +241,7 @@ def update_cell(config, panel: _Panel, defense: str, strength: float,
   shared = jax.tree_util.tree_map(lambda u: -u / (lr * ua.local_steps), delta)
   suite = harness.attack_suite(
       panel.model, params, shared, x, y, tuple(ua.attacks),
-      update_attack_key(panel.keys, rounds),
+      attack_key,
       budgets=sweep.budgets(config, "update", panel.name),
       give_labels=config.give_labels)
   return {"client": cid, "round": rounds, "labels": y.tolist(),
@@ -272,7 +266,8 @@ def cell_settings(config, cell: dict[str, Any]) -> dict[str, Any]:
   the update attacks read), so a longer attack budget keeps every finished
   training run."""
   panel = cell["panel"]
-  out = harness.cell_settings(config, cell_drops(cell), panel)
+  out = harness.cell_settings(config, cell_drops(cell), panel,
+                              sweep_streams=cell["kind"] != "train")
   if cell["kind"] == "train":
     out["snapshots"] = ((cell["defense"], cell["strength"]) in
                         set(sweep.update_strengths(config)))

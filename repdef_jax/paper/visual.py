@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import ml_collections
 import numpy as np
@@ -229,14 +229,22 @@ def _grid(config: ml_collections.ConfigDict, first: dict[Any, Any],
     recs, cell = first[(d, s)]
     rows.append(list(recs))
     labels.append(d if d == "none" else f"{d} {s:g}")
-    titles.append([f"mse {e['best'].get('mse_clamped', float('nan')):.3f} "
-                   f"ssim {e['best'].get('ssim', float('nan')):.2f}"
-                   for e in cell["images"]])
+    titles.append([_tile_title(e, config.attacks) for e in cell["images"]])
   harness.save_image_grid(
       path, rows, labels, titles,
-      suptitle=f"best of {'/'.join(config.attacks)} on {config.model}/"
-               f"{config.dataset} ({', '.join(sources)} images, seed "
-               f"{config.seeds[0]}); metrics on clamped [0,1] images")
+      suptitle=f"best by SSIM of {'/'.join(config.attacks)} on "
+               f"{config.model}/{config.dataset} ({', '.join(sources)} "
+               f"images, seed {config.seeds[0]}); each tile's attack and its "
+               "metrics on clamped [0,1] images")
+
+
+def _tile_title(entry: dict[str, Any], attacks: Sequence[str]) -> str:
+  """The shown reconstruction's attack (the SSIM-best, as saved by
+  :func:`setting_cell`) and that attack's own clamped MSE and SSIM."""
+  name = entry["best"].get("ssim_attack", attacks[0])
+  m = entry["attacks"].get(name, {})
+  return (f"{name} mse {m.get('mse_clamped', float('nan')):.3f} "
+          f"ssim {m.get('ssim', float('nan')):.2f}")
 
 
 def report(result: dict[str, Any], workdir: str) -> None:
