@@ -124,6 +124,15 @@ def test_no_data_runs_on_the_embedded_sample(tmp_path, monkeypatch, capsys):
   _, sample_labels = data.load_sample("mnist")
   assert entry["index"] < data.SAMPLE_SIZE
   assert entry["label"] == sample_labels[entry["index"]]
+  # Results drawn with an older key scheme (no record) are not resumed.
+  path = os.path.join(workdir, "results.json")
+  with open(path, encoding="utf-8") as f:
+    old = json.load(f)
+  del old["key_scheme"]
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(old, f)
+  with pytest.raises(ValueError, match=r"different key_scheme \(None\)"):
+    attack_main.run({**CONFIG, "num_images": 1}, workdir, verbose=False)
   # The same workdir with another data source is refused before any attack.
   with pytest.raises(ValueError, match="different data_source"):
     with tfds.testing.mock_data(num_examples=8):
@@ -247,12 +256,16 @@ def test_init_is_dlgs_uniform_for_lenet_only():
 
 def test_committed_readme_results_keep_their_config():
   """The README's table (docs/results/main_job/results.json) was made by the
-  default command on DLG's LeNet with init 'uniform': the default config
-  still resolves to exactly the recorded one, so a rerun resumes it."""
+  default command on DLG's LeNet with init 'uniform' and today's key
+  scheme: the default config still resolves to exactly the recorded one,
+  so a rerun resumes it."""
   from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
   path = os.path.join(_ROOT, "docs", "results", "main_job", "results.json")
   with open(path, encoding="utf-8") as f:
-    recorded = json.load(f)["config"]
+    committed = json.load(f)
+  # Drawn with today's key streams: a rerun draws the same images.
+  assert committed["key_scheme"] == harness.KEY_SCHEME
+  recorded = committed["config"]
   assert recorded["model"] == "lenet" and recorded["init"] == "uniform"
   assert harness.jsonable(attack_main.validate_config({})) == recorded
 

@@ -391,6 +391,17 @@ def test_cell_store_refuses_cells_of_other_settings(tmp_path):
 # Visual comparison and convergence.
 
 
+def test_visual_tile_names_the_shown_attack_with_its_own_metrics():
+  """A tile shows the SSIM-best attack's reconstruction, so its title gives
+  that attack's metrics, not the best-of MSE of another attack."""
+  entry = {"attacks": {"gs": {"mse_clamped": 0.002, "ssim": 0.4},
+                       "gs_mask": {"mse_clamped": 0.010, "ssim": 0.9}},
+           "best": {"ssim_attack": "gs_mask", "ssim": 0.9,
+                    "mse_clamped": 0.002}}
+  assert visual._tile_title(entry, ("gs", "gs_mask")) == (  # pylint: disable=protected-access
+      "gs_mask mse 0.010 ssim 0.90")
+
+
 def _point(defense, strength, ssim):
   return {"defense": defense, "strength": strength, "per_attack": {
       "best": {"ssim": _ci(ssim), "success_rate": float(np.mean(

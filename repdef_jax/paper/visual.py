@@ -233,9 +233,9 @@ def _grid(config: ml_collections.ConfigDict, first: dict[Any, Any],
   harness.save_image_grid(
       path, rows, labels, titles,
       suptitle=f"best by SSIM of {'/'.join(config.attacks)} on "
-               f"{config.model}/{config.dataset} ({', '.join(sources)} "
-               f"images, seed {config.seeds[0]}); each tile's attack and its "
-               "metrics on clamped [0,1] images")
+               f"{config.model}/{config.dataset}\n({', '.join(sources)} "
+               f"images, seed {config.seeds[0]}); tiles: the attack, its MSE "
+               "and SSIM on clamped [0,1] images")
 
 
 def _tile_title(entry: dict[str, Any], attacks: Sequence[str]) -> str:
