@@ -60,14 +60,12 @@ def _tradeoff_result(seeds, recorded=None):
 
 
 def test_compare_counts_images_attacked_by_both():
-  # The reference predates recorded indices: they are recomputed from its
-  # seeds; the replica shares exactly two of them.
-  ref_ids = tradeoff.attacked_indices(0, 4, replication.REAL_TEST_SIZE)
-  assert len(set(ref_ids.tolist())) == 4
-  shared = [int(ref_ids[0]), int(ref_ids[3])]
-  fresh = [i for i in range(20) if i not in ref_ids][:2]
+  # The replica shares exactly two of the reference's four images.
+  ref_ids = [5, 17, 42, 99]
+  shared = [ref_ids[0], ref_ids[3]]
+  fresh = [1, 2]
   result = replication.compare(
-      {"tradeoff": _tradeoff_result([0])},
+      {"tradeoff": _tradeoff_result([0], {"0": ref_ids})},
       {"tradeoff": _tradeoff_result([9], {"9": shared + fresh})})
   assert result["shared_images"] == {"p": 2}
   assert result["attacked_images"] == {"p": 4}
@@ -76,12 +74,33 @@ def test_compare_counts_images_attacked_by_both():
   text = replication.render(result, "ref")
   assert "4 attacked test images, 2 shared with the reference" in text
   assert text.startswith("# Replication on unseen seeds and images\n")
-  # The same seeds check reproduction, not replication, and say so.
+  # The same seeds and images check reproduction, not replication, and say
+  # so.
   rerun = replication.render(replication.compare(
-      {"tradeoff": _tradeoff_result([0])},
-      {"tradeoff": _tradeoff_result([0])}), "ref")
+      {"tradeoff": _tradeoff_result([0], {"0": ref_ids})},
+      {"tradeoff": _tradeoff_result([0], {"0": ref_ids})}), "ref")
   assert rerun.startswith("# Rerun with the reference's seeds\n")
   assert "not that its verdicts hold on unseen data" in rerun
+  # Same seeds but other images (another key scheme): said, not a rerun.
+  other = replication.render(replication.compare(
+      {"tradeoff": _tradeoff_result([0], {"0": ref_ids})},
+      {"tradeoff": _tradeoff_result([0], {"0": shared + fresh})}), "ref")
+  assert other.startswith("# Same seeds, other images\n")
+  assert "do not hinge on which images were drawn" in other
+
+
+def test_images_a_run_did_not_record_are_not_guessed():
+  """A run from before the attacked indices were recorded drew them with an
+  older key scheme: the comparison says they are unknown instead of
+  recomputing them with today's keys."""
+  result = replication.compare(
+      {"tradeoff": _tradeoff_result([0])},
+      {"tradeoff": _tradeoff_result([9], {"9": [1, 2, 3, 4]})})
+  assert result["shared_images"] == {"p": None}
+  assert result["attacked_images"] == {"p": 4}
+  text = replication.render(result, "ref")
+  assert "- p: attacked test images not recorded by one of the runs" in text
+  assert text.startswith("# Replication on unseen seeds and images\n")
 
 
 def test_attacked_indices_differ_between_seeds():
