@@ -62,19 +62,32 @@ def test_update_readme_names_the_json_relative_to_the_readme(tmp_path):
           "`repdef_jax.paper.replication`") in readme.read_text()
 
 
-@pytest.mark.parametrize("folder", ["replica", "rerun_2026-12-06"])
+def _committed(name: str) -> list[str]:
+  """The folders of docs/results holding a committed ``name``."""
+  return sorted(d for d in os.listdir(RESULTS)
+                if os.path.exists(os.path.join(RESULTS, d, name)))
+
+
+def test_every_comparison_and_report_is_checked():
+  # The parametrized checks below cover every committed folder.
+  assert {"replica", "rerun_2026-12-06"} <= set(
+      _committed(replication.JSON_FILE))
+
+
+@pytest.mark.parametrize("folder", _committed(replication.JSON_FILE))
 def test_committed_replication_is_the_committed_results_compared(folder):
   """replication.json and REPLICATION.md of a committed replica are the
-  comparison of the committed reference and replica results, rendered."""
+  comparison of the committed results with the reference that
+  REPLICATION.md names, rendered."""
   dest = os.path.join(RESULTS, folder)
   committed = storage.read_json(os.path.join(dest, replication.JSON_FILE))
-  if committed is None:
-    pytest.skip(f"no committed {folder}")
-  fresh = json.loads(json.dumps(replication.compare(
-      report.collect(RESULTS), report.collect(dest))))
-  assert fresh == committed
   with open(os.path.join(dest, replication.REPORT_FILE), encoding="utf-8") as f:
-    assert f.read() == replication.render(committed, "docs/results")
+    text = f.read()
+  reference = text.split("Reference: `")[1].split("`")[0]
+  fresh = json.loads(json.dumps(replication.compare(
+      report.collect(os.path.join(ROOT, reference)), report.collect(dest))))
+  assert fresh == committed
+  assert text == replication.render(committed, reference)
 
 
 # --------------------------------------------------------------------- report
@@ -95,13 +108,11 @@ def test_adaptive_section_states_its_interval_rule(tmp_path):
   assert f"Intervals: {report.LEGACY_INTERVAL_RULE}." in section
 
 
-@pytest.mark.parametrize("folder", ["", "replica", "rerun_2026-12-06"])
+@pytest.mark.parametrize("folder", ["", *_committed("REPORT.md")])
 def test_committed_reports_are_their_json_rendered(folder):
   """Every committed REPORT.md re-renders from its folder's JSON."""
   dest = os.path.join(RESULTS, folder) if folder else RESULTS
   path = os.path.join(dest, "REPORT.md")
-  if not os.path.exists(path):
-    pytest.skip(f"no {path}")
   with open(path, encoding="utf-8") as f:
     text = f.read()
   preset = text.split("Preset: `")[1].split("`")[0]
