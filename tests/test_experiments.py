@@ -511,6 +511,20 @@ def test_reproduce_reruns_a_part_whose_command_changed(tmp_path,
     assert json.load(f)["command"].endswith(" '--config.seeds=(8,)'")
 
 
+def test_reproduce_reruns_a_part_finished_under_another_key_scheme(
+    tmp_path, monkeypatch):
+  """A part finished by an older key scheme (its marker records another or
+  none) is run again, not published as if it were today's draw."""
+  from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top
+  calls, _ = _fake_parts(tmp_path, monkeypatch)
+  workdir = str(tmp_path / "work")
+  reproduce.run_parts("tiny", workdir, None, ["visual"])
+  monkeypatch.setattr(harness, "KEY_SCHEME", harness.KEY_SCHEME + 1)
+  runs = reproduce.run_parts("tiny", workdir, None, ["visual"])
+  assert len(calls) == 2 and runs["visual"]["status"] == "done"
+  assert runs["visual"]["key_scheme"] == harness.KEY_SCHEME
+
+
 def test_reproduce_failed_part_is_recorded_and_rerun(tmp_path, monkeypatch):
   calls, set_rc = _fake_parts(tmp_path, monkeypatch, returncode=3)
   workdir = str(tmp_path / "work")

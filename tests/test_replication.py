@@ -87,6 +87,14 @@ def test_compare_counts_images_attacked_by_both():
       {"tradeoff": _tradeoff_result([0], {"0": shared + fresh})}), "ref")
   assert other.startswith("# Same seeds, other images\n")
   assert "do not hinge on which images were drawn" in other
+  # Same seeds and scheme, more images per seed in the replica: its draw
+  # contains the reference's, so it is a rerun.
+  more = replication.compare(
+      {"tradeoff": _tradeoff_result([0], {"0": ref_ids})},
+      {"tradeoff": _tradeoff_result([0], {"0": ref_ids + fresh})})
+  assert more["reference_images"] == {"p": 4}
+  assert replication.render(more, "ref").startswith(
+      "# Rerun with the reference's seeds\n")
 
 
 def test_images_a_run_did_not_record_are_not_guessed():
@@ -101,6 +109,12 @@ def test_images_a_run_did_not_record_are_not_guessed():
   text = replication.render(result, "ref")
   assert "- p: attacked test images not recorded by one of the runs" in text
   assert text.startswith("# Replication on unseen seeds and images\n")
+  # With the same seeds it does not claim the same images either.
+  same = replication.render(replication.compare(
+      {"tradeoff": _tradeoff_result([0])},
+      {"tradeoff": _tradeoff_result([0], {"0": [1, 2, 3, 4]})}), "ref")
+  assert "the same partitions, inits and images" not in same
+  assert "whether they are the same is not known" in same
 
 
 def test_attacked_indices_differ_between_seeds():

@@ -2,8 +2,11 @@
 
 Each part runs as its own entry point in a subprocess, in ``workdir/<part>``
 with ``experiments/configs/<part>.py:<preset>``; a finished part leaves a
-``PART_DONE.json`` marker holding its command and a digest of its config
-file, and is skipped on a rerun with the same command and config. Each part
+``PART_DONE.json`` marker holding its command, a digest of its config
+file and the key scheme (:data:`repdef_jax.paper.harness.KEY_SCHEME`), and
+is skipped on a rerun with the same command, config and scheme (a part of
+another scheme reruns, reusing the cells that draw none of the changed
+streams). Each part
 also resumes its own cells, so a part whose config grew (seeds, strengths,
 panels) runs only the cells it has not run yet; a cell computed with other
 settings (e.g. an attack budget since changed) is refused with an error
@@ -24,6 +27,7 @@ import time
 from typing import Any
 
 from repdef_jax import storage
+from repdef_jax.paper import harness
 from repdef_jax.paper import replication
 from repdef_jax.paper import report
 
@@ -159,7 +163,8 @@ def run_parts(preset: str, workdir: str, data_dir: str | None,
     done = storage.read_json(marker)
     digest = config_digest(part)
     if (done and done.get("command") == shown
-        and done.get("config_digest") == digest):
+        and done.get("config_digest") == digest
+        and done.get("key_scheme") == harness.KEY_SCHEME):
       runs[part] = {**done, "status": "done (reused)"}
       print(f"[reproduce] {i + 1}/{len(todo)} {part}: finished earlier "
             f"({done['seconds']:.0f}s), reused", flush=True)
@@ -174,7 +179,8 @@ def run_parts(preset: str, workdir: str, data_dir: str | None,
     t0 = time.perf_counter()
     rc = subprocess.call(cmd, cwd=ROOT, preexec_fn=die_with_parent)
     seconds = time.perf_counter() - t0
-    record = {"command": shown, "config_digest": digest, "seconds": seconds,
+    record = {"command": shown, "config_digest": digest,
+              "key_scheme": harness.KEY_SCHEME, "seconds": seconds,
               "returncode": rc,
               "status": "done" if rc == 0 else f"FAILED (exit {rc})"}
     runs[part] = record
