@@ -11,6 +11,7 @@ import pytest
 from repdef_jax import storage
 from repdef_jax.paper import convergence
 from repdef_jax.paper import cost
+from repdef_jax.paper import harness
 from repdef_jax.paper import replication
 from repdef_jax.paper import report
 from repdef_jax.paper import reproduce
@@ -70,8 +71,17 @@ def _committed(name: str) -> list[str]:
 
 def test_every_comparison_and_report_is_checked():
   # The parametrized checks below cover every committed folder.
-  assert {"replica", "rerun_2026-12-06"} <= set(
+  assert {"replica", "rerun_2026-12-06", "key_scheme_1"} <= set(
       _committed(replication.JSON_FILE))
+
+
+@pytest.mark.parametrize("part", ["tradeoff", "visual", "repinfer",
+                                  "certified", "adaptive"])
+def test_committed_reference_parts_are_of_todays_key_scheme(part):
+  """The parts that draw the sweep streams were run under today's keys, so
+  a rerun of the README's command attacks the committed images."""
+  done = storage.read_json(os.path.join(RESULTS, part, "PART_DONE.json"))
+  assert done["key_scheme"] == harness.KEY_SCHEME
 
 
 @pytest.mark.parametrize("folder", _committed(replication.JSON_FILE))
