@@ -20,7 +20,9 @@ ConvNet (GS family; width 64 on CIFAR-10 in ``full``; ``medium`` attacks a
 width-16 ConvNet on MNIST at initialisation only, because on the shared
 2-core CPU GS 2,000 does not reconstruct undefended CIFAR-10 images of it
 (SSIM 0.15-0.20), while on MNIST GS 1,000 with TV weight 1e-2 reconstructs
-6 of 9 undefended probe images, ~10 s per image), the leakage CNN (the
+6 of the 9 undefended probe images it was chosen on, ~10 s per image, but
+only 3 of 9 of the images seeds 0-2 draw under key scheme 2 and 2 of 9 of
+the replica's: its rows are n/a), the leakage CNN (the
 defense-favourable case: its only other gradient is the conv's) and LeNet5
 (ReLU features, where 'count' and 'percentile' differ, and two unprotected
 FC layers before the defended one).
@@ -33,8 +35,8 @@ Soteria's reference rule at 40 / 80 %, the exact score at 80 %
 (selection='count' in full only); init and trained (30 / 30 / 60 rounds:
 partly trained, about 50 % test accuracy), ConvNet16 at init only with GS
 1,000 and TV 1e-2, LeNet5 with GS 2,000 and TV 0.1 (the TV weights at which
-GS reconstructs most undefended images of seeds 0-2; probes in the panels'
-comments); 45 min wall on the 2-core CPU shared with a second run of it:
+GS reconstructed most undefended images that seeds 0-2 drew under key
+scheme 1; probes in the panels' comments); 45 min wall on the 2-core CPU shared with a second run of it:
 ConvNet16's 12 cells 36 min, the other 72 cells 13 min),
 ``full`` (+ ConvNet width 64 on CIFAR-10 instead of ConvNet16, every variant
 at rates 20-90, 5 seeds x 8 images, 150-1000 rounds, the paper's budgets),
@@ -75,7 +77,8 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
   c.panels = ml_collections.ConfigDict({
       "leakage_mnist": _panel("mnist", "leakage", "gs", client_lr=0.1,
                               rounds=30),
-      # GS on LeNet5 at init, undefended images of seeds 0-2 reconstructed
+      # GS on LeNet5 at init, undefended images of seeds 0-2 (drawn under key
+      # scheme 1, before e776a6f) reconstructed
       # (SSIM >= 0.6, chosen before any defended cell ran): GS 500 with TV
       # 1e-4 2 / 9, 1e-2 4 / 9, 3e-2 5 / 9, 1e-1 5 / 9 (x 4 restarts: 6 /
       # 9); GS 2,000 with TV 1e-2 5 / 9, 1e-1 7 / 9 (seconds per image).
@@ -89,7 +92,8 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
       # Probe on seed 0's 3 undefended images (2-core CPU): GS 1,000 SSIM
       # 0.69 / 0.66 / 0.20; GS 2,000 0.74 / 0.51 / 0.43; 1,000 x 2 restarts
       # 0.73 / 0.49 / 0.27; on CIFAR-10 GS 2,000 0.16 / 0.20 / 0.15 (fails
-      # undefended: measures nothing). With GS's TV weight 1e-4 the suite
+      # undefended: measures nothing). Images drawn under key scheme 1
+      # (before e776a6f). With GS's TV weight 1e-4 the suite
       # reconstructed 3 of the 9 undefended images of seeds 0-2 (GS alone
       # 2) and every row was n/a. TV weight, GS 1,000 on those 9 images
       # (undefended only, chosen before any defended cell ran; SSIM >= 0.6):
