@@ -3,6 +3,7 @@ the README blocks, the cost estimate and the reproduce summary, checked
 against hand-made inputs and against the committed results."""
 
 import json
+import math
 import os
 import shutil
 
@@ -73,6 +74,16 @@ def test_every_comparison_and_report_is_checked():
   # The parametrized checks below cover every committed folder.
   assert {"replica", "rerun_2026-12-06", "key_scheme_1"} <= set(
       _committed(replication.JSON_FILE))
+
+
+def test_benchmarks_page_measures_the_committed_medium_run():
+  """BENCHMARKS.md's 'measured' hours are the committed reference's cell
+  time: publishing a new run re-renders the page (``--render_only``)."""
+  bench = storage.read_json(os.path.join(ROOT, "docs", "benchmarks",
+                                         "benchmarks.json"))
+  (medium,) = [p for p in bench["preset_costs"] if p["preset"] == "medium"]
+  run = storage.read_json(os.path.join(RESULTS, "tradeoff", "tradeoff.json"))
+  assert math.isclose(medium["measured_h"], run["cell_seconds"] / 3600)
 
 
 @pytest.mark.parametrize("part", ["tradeoff", "visual", "repinfer",
