@@ -36,8 +36,9 @@ Soteria's reference rule at 40 / 80 %, the exact score at 80 %
 partly trained, about 50 % test accuracy), ConvNet16 at init only with GS
 1,000 and TV 1e-2, LeNet5 with GS 2,000 and TV 0.1 (the TV weights at which
 GS reconstructed most undefended images that seeds 0-2 drew under key
-scheme 1; probes in the panels' comments); 45 min wall on the 2-core CPU shared with a second run of it:
-ConvNet16's 12 cells 36 min, the other 72 cells 13 min),
+scheme 1; probes in the panels' comments); 45 min wall on the 2-core CPU
+shared with a second run of it: ConvNet16's 12 cells 36 min, the other 72
+cells 13 min),
 ``full`` (+ ConvNet width 64 on CIFAR-10 instead of ConvNet16, every variant
 at rates 20-90, 5 seeds x 8 images, 150-1000 rounds, the paper's budgets),
 ``tiny`` (tests).
