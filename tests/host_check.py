@@ -35,9 +35,9 @@ def _rounds():
   for _ in range(3):
     s_auto, m_auto = auto(s_auto, data, keys)
     s_one, m_one = one(s_one, data, keys)
-  diff = max(float(np.max(np.abs(a - b))) for a, b in zip(
+  diff = float(np.max([np.max(np.abs(a - b)) for a, b in zip(
       jax.tree_util.tree_leaves(s_auto.params),
-      jax.tree_util.tree_leaves(s_one.params)))
+      jax.tree_util.tree_leaves(s_one.params))]))
   return {"mesh": auto.mesh.size, "params": diff,
           "ids_equal": bool(np.array_equal(m_auto["client_ids"],
                                            m_one["client_ids"])),

@@ -505,6 +505,7 @@ def test_each_entry_attacks_the_image_at_its_index(tmp_path,
                         verbose=False)
   indices = [e["index"] for e in res["images"]]
   assert indices != list(range(4))
+  assert len(seen) == len(indices) == 4
   for idx, (x, y) in zip(indices, seen):
     np.testing.assert_allclose(x, pool[idx:idx + 1] / 255.0, atol=1e-7)
     assert list(y) == [idx % 7]

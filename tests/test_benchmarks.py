@@ -131,12 +131,23 @@ def test_peak_is_raised_to_a_faster_measured_sgemm():
   assert raised["sgemm_gflops"] == {"XLA": 90.0, "torch": 120.0}
 
 
-def test_cpu_peak_states_its_formula():
+def test_cpu_peak_from_a_known_cpu(monkeypatch):
+  """2 Intel AVX-512 cores, cpuinfo 2,600 MHz below lscpu's 3,000 MHz
+  maximum: 2 x 3.0 GHz x 64 FLOP/cycle = 384 GFLOP/s; no clock: no peak."""
+  info = {"cpu mhz": "2600.0", "vendor_id": "GenuineIntel",
+          "flags": "fpu avx2 fma avx512f"}
+  monkeypatch.setattr(timing.host, "cpuinfo", info.get)
+  monkeypatch.setattr(timing.host, "usable_cores", lambda: 2)
+  monkeypatch.setattr(timing, "_lscpu", lambda: {"cpu max mhz": "3000.0"})
   peak = timing.cpu_peak()
-  if peak["ghz"]:
-    assert math.isclose(peak["gflops"], peak["cores"] * peak["ghz"] *
-                        peak["flops_per_cycle_per_core"], rel_tol=1e-9)
-    assert "FLOP/cycle" in peak["how"]
+  assert (peak["ghz"], peak["cores"], peak["flops_per_cycle_per_core"]) == (
+      3.0, 2, 64)
+  assert math.isclose(peak["gflops"], 384.0) and peak["avx512"]
+  assert "2 cores x 3.000 GHz x 64 FLOP/cycle" in peak["how"]
+  info.pop("cpu mhz")
+  monkeypatch.setattr(timing, "_lscpu", lambda: {})
+  peak = timing.cpu_peak()
+  assert peak["gflops"] is None and peak["how"] == "unknown clock"
 
 
 def _report(parts, commit, rows, quick=False, cpu="X"):
@@ -275,8 +286,7 @@ def test_presets_are_priced_from_the_stored_unit_costs(tmp_path):
   --render_only and by a run of other parts that keeps the unit costs."""
   committed = os.path.join(os.path.dirname(__file__), "..", "docs",
                            "benchmarks", "benchmarks.json")
-  if not os.path.exists(committed):
-    pytest.skip("no committed benchmarks.json")
+  assert os.path.exists(committed), "no committed benchmarks.json"
   with open(committed, encoding="utf-8") as f:
     unit = json.load(f)["unit_costs"]
   stale = [{"preset": "medium", "cells": 1, "cpu_h": 123456.0, "gpu_h": 1.0,

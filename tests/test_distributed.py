@@ -79,7 +79,7 @@ def test_two_processes_equal_one_process_with_eight_devices(child_env,
       "4", "6", "8"]
   a, b = _leaves(tmp_path / "two"), _leaves(tmp_path / "one")
   assert int(a[-1]) == int(b[-1]) == 8  # round
-  diff = max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+  diff = float(np.max([np.max(np.abs(x - y)) for x, y in zip(a, b)]))
   assert diff <= 1e-6, diff
   m2, m1 = _metrics(tmp_path / "two"), _metrics(tmp_path / "one")
   assert [r["round"] for r in m2] == list(range(1, 9))

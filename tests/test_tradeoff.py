@@ -57,7 +57,9 @@ def test_tiny_end_to_end_and_resume(mock_env):
   assert os.path.exists(os.path.join(
       workdir, "runs", "logreg_mnist", "seed0", "soteria_50",
       "params_final.msgpack"))
-  assert [c["verdict"] for c in saved["claims"]]  # every claim decided
+  assert saved["claims"] and all(  # every claim decided
+      c["verdict"].split(" ")[0] in ("held", "did", "inconclusive", "reported")
+      for c in saved["claims"]), [c["verdict"] for c in saved["claims"]]
   # Every per-attack SSIM carries its interval; the undefended success
   # rates have their table; re-rendering the tables from the panels gives
   # the run's tables.
@@ -639,8 +641,7 @@ def test_committed_tables_give_every_mean_its_interval_over_seeds():
   where diverged runs left values from fewer than two seeds: an interval
   there would be over one seed's images."""
   path = os.path.join(ROOT, "docs", "results", "tradeoff", "tradeoff.json")
-  if not os.path.exists(path):
-    pytest.skip("no committed trade-off run")
+  assert os.path.exists(path), "no committed trade-off run"
   result = storage.read_json(path)
   seeds = len(result["config"]["seeds"])
   assert seeds >= 2
