@@ -65,9 +65,10 @@ def test_update_readme_names_the_json_relative_to_the_readme(tmp_path):
 
 
 def _committed(name: str) -> list[str]:
-  """The folders of docs/results holding a committed ``name``."""
-  return sorted(d for d in os.listdir(RESULTS)
-                if os.path.exists(os.path.join(RESULTS, d, name)))
+  """The folders below docs/results holding a committed ``name`` (paths
+  relative to it; nested runs such as key_scheme_1/replica included)."""
+  return sorted(os.path.relpath(d, RESULTS) for d, _, files in os.walk(RESULTS)
+                if d != RESULTS and name in files)
 
 
 def test_every_comparison_and_report_is_checked():
@@ -89,10 +90,13 @@ def test_benchmarks_page_measures_the_committed_medium_run():
 # Convergence draws FedAvg's streams only, so its part records no scheme.
 @pytest.mark.parametrize("part", [p for p in reproduce.PART_ORDER
                                   if p != "convergence"])
-def test_committed_reference_parts_are_of_todays_key_scheme(part):
-  """The parts that draw the sweep streams were run under today's keys, so
-  a rerun of the README's command attacks the committed images."""
-  done = storage.read_json(os.path.join(RESULTS, part, "PART_DONE.json"))
+@pytest.mark.parametrize("folder", ["", "replica"])
+def test_committed_reference_parts_are_of_todays_key_scheme(folder, part):
+  """The parts of the reference and the replica that draw the sweep streams
+  were run under today's keys, so a rerun of the README's commands attacks
+  the committed images."""
+  done = storage.read_json(os.path.join(RESULTS, folder, part,
+                                        "PART_DONE.json"))
   assert done["key_scheme"] == harness.KEY_SCHEME
 
 
@@ -286,6 +290,18 @@ def test_replica_run_writes_its_comparison_and_only_its_readme_block(
   readme.write_text(f"{replication.README_BEGIN}\n{replication.README_END}\n")
   reproduce.run(_config(compare_with=ref, publish=str(pub),
                         readme=str(readme)), work)
+
+
+def test_replica_published_from_a_partial_workdir_compares_every_part(
+    tmp_path):
+  """A workdir that reran some parts publishes into a folder keeping the
+  others; the comparison is of the published folder, not the workdir."""
+  ref = _with_results(tmp_path / "ref")
+  pub = _with_results(tmp_path / "pub")
+  work = tmp_path / "work"
+  work.mkdir()
+  out = reproduce.run(_config(compare_with=ref, publish=str(pub)), str(work))
+  assert out["replication"]["counts"] == {"replicates": 13}
 
 
 def test_summary_prints_the_replication_counts(capsys):

@@ -252,7 +252,8 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
   dest = config.get("publish") or workdir
   replica = None
   if config.get("compare_with"):
-    replica = replication.write(config.compare_with, workdir, dest)
+    # The published folder, not the workdir: it may keep parts run elsewhere.
+    replica = replication.write(config.compare_with, dest)
     if config.get("readme"):  # A replica fills only its own README block.
       replication.update_readme(config.readme, dest)
   elif config.get("readme"):
