@@ -21,8 +21,8 @@ width-16 ConvNet on MNIST at initialisation only, because on the shared
 2-core CPU GS 2,000 does not reconstruct undefended CIFAR-10 images of it
 (SSIM 0.15-0.20), while on MNIST GS 1,000 with TV weight 1e-2 reconstructs
 6 of the 9 undefended probe images it was chosen on, ~10 s per image, but
-only 3 of 9 of the images seeds 0-2 draw under key scheme 2 and 2 of 9 of
-the replica's: its rows are n/a), the leakage CNN (the
+only 3 of 9 of the images seeds 0-2 draw under key scheme 2 and 3 of 9 of
+the replica's (seeds 100-102): its rows are n/a), the leakage CNN (the
 defense-favourable case: its only other gradient is the conv's) and LeNet5
 (ReLU features, where 'count' and 'percentile' differ, and two unprotected
 FC layers before the defended one).

@@ -17,10 +17,10 @@ no accuracy lost where reconstructions become unrecognisable (baselines: up
 to 6 % DLG / 9 % GS); accuracy holds until MSE 0.8. Presets: ``quick`` (CI
 smoke run), ``medium`` (every claim at the paper's split, 3 seeds, 8 images
 per point, the leakage CNN and LeNet; on a 2-core CPU the leakage panel
-took 3.7 h of cells in the committed run, timed partly under other load and
-with older code, 1.3 h in the seeds-100-102 replica of docs/results/replica;
-the LeNet panel is priced by ``--config.dry_run=True``), ``full`` (paper
-scale, GPU/TPU), ``tiny`` (tests).
+took 2.0 h of cells in the committed reference and 1.7 h in its replica of
+docs/results/replica, the LeNet panel 7.6 h and 7.5 h, most of it Soteria
+at every local step (``cell_costs`` in their tradeoff.json; the dry run
+prices a plan), ``full`` (paper scale, GPU/TPU), ``tiny`` (tests).
 
 The dry run prices each cell from the timed cells of the committed medium
 run (docs/results/tradeoff) and, for models that run never trained, from
