@@ -450,15 +450,14 @@ def client_update(model: models_lib.Model, config: FedAvgConfig,
   else:
     info0 = {}
 
-  def loss_fn(p, xb, yb, mb):
-    loss = gradients.batch_loss(model, p, xb, yb, mb)
-    return loss + _l2_term(p, config.l2), loss
-
   def step(carry, inp):
     p, info_sum, loss_sum, taken = carry
     t, ib, mb = inp
     xb, yb = x[ib], y[ib]
-    (_, loss), g = jax.value_and_grad(loss_fn, has_aux=True)(p, xb, yb, mb)
+    loss, g = gradients.batch_loss_and_grad(model, p, xb, yb, mb)
+    if config.l2:
+      g = jax.tree_util.tree_map(jnp.add, g,
+                                 jax.grad(_l2_term)(p, config.l2))
     if config.defense_at == "step":
       g, info = defense.apply(g, defenses_base.ClientBatch(p, xb, yb, mb),
                               jax.random.fold_in(noise_key, t))

@@ -183,3 +183,34 @@ def test_check_grads_match_refuses_renamed_layers_of_equal_shapes():
                      "tree"):
     gradients.check_grads_match(params, {"a": jnp.zeros(3),
                                          "c": jnp.zeros(3)})
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_looped_loss_and_grad_equals_the_batch(setup, chunk):
+  """The one-example-at-a-time formulation (wide convolutions on CPU) gives
+  the batch's masked loss and gradient, NaN padding and bad labels kept
+  out."""
+  model, params, x, y = setup
+  mask = jnp.array([1, 0, 1, 1, 0])
+  xp, yp = x.at[1].set(jnp.nan), y.at[4].set(-1)
+  want = jax.value_and_grad(
+      lambda p: gradients.batch_loss(model, p, x, y, mask))(params)
+  got = jax.jit(lambda p: gradients.batch_loss_and_grad(
+      model, p, xp, yp, mask, chunk=chunk))(params)
+  _close(got, want, rtol=1e-4, atol=1e-6)
+  # Unmasked: the plain mean of every example.
+  want = jax.value_and_grad(
+      lambda p: gradients.batch_loss(model, p, x, y))(params)
+  _close(gradients.batch_loss_and_grad(model, params, x, y, chunk=chunk),
+         want, rtol=1e-4, atol=1e-6)
+
+
+def test_wide_convolutions_train_one_example_at_a_time_on_cpu():
+  """ConvNet64's step is 1.5-1.7x faster looped on CPU (docs/design.md);
+  LeNet's batched (looped 2-8x slower)."""
+  wide = models.get_model("convnet64", (32, 32, 3), 10)
+  narrow = models.get_model("lenet", (32, 32, 3), 10)
+  for model, chunk in ((wide, 1), (narrow, 1 << 30)):
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    assert gradients.per_example_chunk(model, params, "cpu") == chunk
+    assert gradients.per_example_chunk(model, params, "gpu") == 1 << 30
