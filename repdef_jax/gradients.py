@@ -77,10 +77,7 @@ def batch_loss(model: models_lib.Model, params: Params, x: jax.Array,
     ValueError: ``y`` or ``mask`` does not have one entry per image.
   """
   _check_labels(x, y)
-  if mask is not None and tuple(jnp.shape(mask)) != (x.shape[0],):
-    raise ValueError(f"mask must have shape [B] = ({x.shape[0]},) for "
-                     f"{x.shape[0]} images; got shape "
-                     f"{tuple(jnp.shape(mask))}.")
+  _check_mask(x, mask)
   if mask is None:
     return jnp.mean(cross_entropy(model.apply(params, x), y))
   x, y = drop_padding(x, y, mask)
@@ -94,6 +91,13 @@ def _check_labels(x: jax.Array, y: jax.Array) -> None:
     raise ValueError(f"y has {y.shape[0] if jnp.ndim(y) else 0} labels for "
                      f"{x.shape[0]} images (x of shape {tuple(x.shape)}); "
                      "y must be [B] (hard) or [B, K] (soft).")
+
+
+def _check_mask(x: jax.Array, mask: jax.Array | None) -> None:
+  if mask is not None and tuple(jnp.shape(mask)) != (x.shape[0],):
+    raise ValueError(f"mask must have shape [B] = ({x.shape[0]},) for "
+                     f"{x.shape[0]} images; got shape "
+                     f"{tuple(jnp.shape(mask))}.")
 
 
 def drop_padding(x: jax.Array, y: jax.Array,
@@ -151,6 +155,7 @@ def batch_loss_and_grad(model: models_lib.Model, params: Params,
     return jax.value_and_grad(
         lambda p: batch_loss(model, p, x, y, mask))(params)
   _check_labels(x, y)
+  _check_mask(x, mask)
   if mask is None:
     weights = jnp.ones((x.shape[0],), jnp.float32)
   else:

@@ -175,6 +175,9 @@ def test_mask_of_the_wrong_shape_names_itself():
     with pytest.raises(ValueError, match=r"mask must have shape \[B\] = "
                        r"\(3,\) for 3 images; got shape"):
       gradients.batch_loss(model, params, x, y, bad)
+    for chunk in (1, None):  # looped and batched loss-and-gradient alike
+      with pytest.raises(ValueError, match=r"mask must have shape \[B\]"):
+        gradients.batch_loss_and_grad(model, params, x, y, bad, chunk=chunk)
 
 
 def test_check_grads_match_refuses_renamed_layers_of_equal_shapes():
