@@ -265,6 +265,16 @@ def test_earlier_runs_on_other_machines_render_beside_this_one(tmp_path):
   part["settings"]["parts"] = ["fedavg"]
   assert driver.archive_previous(old, part, str(tmp_path)) is None
   assert not (tmp_path / driver.ARCHIVE_DIR).exists()
+  # The same model name on another family is another CPU (a hypervisor's
+  # 'AMD EPYC' named both a Zen 1 and a Zen 4 here).
+  zen = lambda fm: {"machine": {"cpu": "AMD EPYC",
+                                "peak": {"lscpu_family_model": fm}}}
+  assert driver.cpu_label(zen("25/17")["machine"]) == (
+      "AMD EPYC (family 25, model 17)")
+  assert driver.cpu_label({"cpu": "Xeon", "cpu_family": "6"}) == (
+      "Xeon (family 6)")
+  assert driver.cpu_label(zen("25/17")["machine"]) != driver.cpu_label(
+      zen("23/1")["machine"])
   # A full run on another CPU moves the page and JSON to the archive.
   driver.publish(report("AMD", "new", 0.5, 4000.0), str(tmp_path))
   kept = tmp_path / driver.ARCHIVE_DIR / "old-d-old"

@@ -342,7 +342,7 @@ def test_benchmark_report_renders_and_is_written_atomically(tmp_path,
                         "load_average": [1.0, 2.0, 3.0]},
             "settings": {"quick": True}, "rows": rows}
   md = driver.render_markdown(report)
-  assert "Test CPU (family ?), 2 cores" in md
+  assert "Machine: Test CPU, 2 cores" in md
   assert "| 2.00x | >= 3.00x | no |" in md
   assert "| 4.00 (4.0 %) | 2.00 (2.0 %) |" in md
   assert "Targets met: 0 of 1" in md

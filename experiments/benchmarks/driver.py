@@ -438,7 +438,7 @@ def _archive_lines(judged: list[dict[str, Any]],
       "| run | CPU | commit | date | targets met |", "|---|---|---|---|---|"]
   for path, rows, m in runs:
     met = [r["met"] for r in rows.values() if r.get("met") is not None]
-    lines.append(f"| [{path}]({path}/BENCHMARKS.md) | {_fmt(m.get('cpu'))} | "
+    lines.append(f"| [{path}]({path}/BENCHMARKS.md) | {cpu_label(m)} | "
                  f"{m.get('git_commit') or '?'} | {m.get('date_utc', '?')} | "
                  f"{sum(met)} of {len(met)} |")
   lines += ["", "| benchmark | configuration | this run | " +
@@ -486,7 +486,7 @@ def render_markdown(report: dict[str, Any],
       "; do not edit by hand.",
       "",
       *_measured_lines(report),
-      f"Machine: {m.get('cpu', '?')} (family {m.get('cpu_family', '?')}), "
+      f"Machine: {cpu_label(m)}, "
       f"{m.get('cores', '?')} cores, backend {m.get('backend', '?')}; JAX "
       f"{m.get('jax', '?')}; torch {t.get('version') or 'not installed'}"
       f"{threads}. Load average (1, 5, 15 min) before "
@@ -724,14 +724,30 @@ def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
   return new
 
 
+def cpu_label(machine: dict[str, Any]) -> str:
+  """A report's CPU: model name, family and model (a hypervisor gives the
+  same name to different chips: 'AMD EPYC' has been a Zen 1 of family 23
+  and a Zen 4 of family 25 here)."""
+  peak = machine.get("peak", {})
+  fm = peak.get("lscpu_family_model", "")
+  family, _, model = fm.partition("/")
+  family = family if family not in ("", "None") else machine.get(
+      "cpu_family")
+  where = ", ".join(
+      f"{k} {v}" for k, v in (("family", family), ("model", model))
+      if v not in (None, "", "None"))
+  return f"{machine.get('cpu', '?')}" + (f" ({where})" if where else "")
+
+
 def archive_previous(old: dict[str, Any] | None, new: dict[str, Any],
                      out_dir: str) -> str | None:
   """Keeps ``old``'s page and JSON under ``out_dir/archive/<date>-<commit>``
-  when ``new`` is a full run of every part on another CPU (the run that
-  replaces it); returns the folder, or None when nothing was kept."""
+  when ``new`` is a full run of every part on another CPU (another
+  :func:`cpu_label`: the run that replaces it); returns the folder, or None
+  when nothing was kept."""
   m, n = (old or {}).get("machine", {}), new.get("machine", {})
   if (not old or old.get("settings", {}).get("quick") or
-      new["settings"].get("quick") or m.get("cpu") == n.get("cpu") or
+      new["settings"].get("quick") or cpu_label(m) == cpu_label(n) or
       set(new["settings"]["parts"]) != set(PARTS)):
     return None
   date = (m.get("date_utc") or "undated")[:10]
