@@ -118,7 +118,8 @@ SEPARABLE_MIN_KERNEL = 5
 # (strides 2, 2, 1, 1; 8x8 stride-1 maps) 1.66x / 1.36x / 2.46x, LeNet MNIST
 # 1.34x / 1.34x / 2.71x, while the stride-1 layers on 32x32 / 28x28 / 14x14
 # inputs still prefer im2col at batch 10 / 50: leakage CNN CIFAR-10 0.97x /
-# 0.89x (1.59x at 200), LeNet5 CIFAR-10 1.05x / 0.68x / 0.94x.
+# 0.89x (1.59x at 200), LeNet5 CIFAR-10 1.05x / 0.68x / 0.94x. An AMD Zen 4
+# (AVX-512 on 256-bit pipes) agrees (docs/design.md).
 PATCHES_MIN_AREA_AVX512 = 196
 
 # 'jacobian' on CPU runs a stride-1 layer as its dense matrix when the input

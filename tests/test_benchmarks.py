@@ -184,6 +184,14 @@ def test_a_run_of_some_parts_keeps_the_others():
   assert "defense at commit new on new-date on Other CPU (peak 900 " in text
   assert "attack at commit old on old-date on X (peak 100 GFLOP/s)" in text
   assert "ran on different CPUs" in text
+  # The same model name on another family is another CPU too.
+  zen4 = _report(("defense",), "new", [("defense", "b")], cpu="AMD EPYC")
+  zen4["machine"]["peak"]["lscpu_family_model"] = "25/17"
+  zen1 = _report(driver.PARTS, "old", [("attack", "dlg")], cpu="AMD EPYC")
+  zen1["machine"]["peak"]["lscpu_family_model"] = "23/1"
+  text = "\n".join(driver._measured_lines(driver.merge(zen1, zen4)))  # pylint: disable=protected-access
+  assert "on AMD EPYC (family 25, model 17) (peak" in text
+  assert "on AMD EPYC (family 23, model 1) (peak" in text
   # Stamps written before the CPU was recorded take it from their run's
   # machine line; a part of an earlier run keeps its own stamp.
   legacy = {"git_commit": "old", "date_utc": "old-date"}

@@ -635,7 +635,7 @@ def render_markdown(report: dict[str, Any],
                       f"({_fmt(p['by_kind_h'][k] / measured[k])}x)"
                       for k in kinds) +
                   f". The run's cells: {cpus or '?'}; the unit costs: "
-                  f"{report.get('machine', {}).get('cpu', '?')} (times on "
+                  f"{cpu_label(report.get('machine', {}))} (times on "
                   "different CPUs compare only roughly)."]
   return "\n".join(lines) + "\n"
 
@@ -687,8 +687,8 @@ def _stamp(report: dict[str, Any]) -> dict[str, Any]:
   m = report.get("machine", {})
   return {**{k: m.get(k) for k in
              ("git_commit", "date_utc", "load_average_before", "load_average",
-              "tracked_files_modified", "cpu")},
-          "peak_gflops": m.get("peak", {}).get("gflops")}
+              "tracked_files_modified")},
+          "cpu": cpu_label(m), "peak_gflops": m.get("peak", {}).get("gflops")}
 
 
 def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
