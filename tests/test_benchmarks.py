@@ -275,14 +275,18 @@ def test_earlier_runs_on_other_machines_render_beside_this_one(tmp_path):
   assert not (tmp_path / driver.ARCHIVE_DIR).exists()
   # The same model name on another family is another CPU (a hypervisor's
   # 'AMD EPYC' named both a Zen 1 and a Zen 4 here).
-  zen = lambda fm: {"machine": {"cpu": "AMD EPYC",
-                                "peak": {"lscpu_family_model": fm}}}
+  def zen(family_model):
+    r = report("AMD EPYC", family_model, 1.0, 1.0)
+    r["machine"]["peak"]["lscpu_family_model"] = family_model
+    return r
   assert driver.cpu_label(zen("25/17")["machine"]) == (
       "AMD EPYC (family 25, model 17)")
   assert driver.cpu_label({"cpu": "Xeon", "cpu_family": "6"}) == (
       "Xeon (family 6)")
-  assert driver.cpu_label(zen("25/17")["machine"]) != driver.cpu_label(
-      zen("23/1")["machine"])
+  assert driver.archive_previous(zen("23/1"), zen("23/1"),
+                                 str(tmp_path / "zen")) is None
+  assert driver.archive_previous(zen("23/1"), zen("25/17"),
+                                 str(tmp_path / "zen")) is not None
   # A full run on another CPU moves the page and JSON to the archive.
   driver.publish(report("AMD", "new", 0.5, 4000.0), str(tmp_path))
   kept = tmp_path / driver.ARCHIVE_DIR / "old-d-old"
