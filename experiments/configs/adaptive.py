@@ -108,6 +108,10 @@ def get_config(preset: str = "medium") -> ml_collections.ConfigDict:
       # 0.3 2 / 9, 0.03 1 / 9, 0.01 0 / 9; TV 1e-3 (lr 0.03) 1 / 9; 4
       # restarts 2 / 9. Seed 200's images succeed, 201-202's do not: no
       # setting tried makes GS work on this model, so its rows stay n/a.
+      # Nor does the paper's budget: GS 24,000 (TV 1e-2, lr 0.1, one
+      # restart) on the same 9 images, 2 / 9 (SSIM 0.55 / 0.71 / 0.90,
+      # 0.20 / 0.30 / 0.23, -0.01 / 0.24 / 0.29; ~15 min per seed on the
+      # 2-core Zen 4; docs/results/probes/gs_convnet16_24000.json).
       "convnet16_mnist": _panel("mnist", "convnet64", "gs",
                                 model_kwargs={"width": 16}, stages=("init",),
                                 attack_budgets={"gs": {"iterations": 1000,
