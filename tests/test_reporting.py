@@ -215,7 +215,7 @@ def test_dlg_iteration_costs_twelve_forwards_per_image(monkeypatch):
   config.num_images = 3
   fwd = 4e10  # well above the floor
   monkeypatch.setattr(cost, "_forward_flops", lambda key: fwd)
-  monkeypatch.setattr(cost, "_num_features", lambda key: 1)
+  monkeypatch.setattr(cost, "_jacobian_passes", lambda key: 1)
   b = config.attack_budgets.dlg
   its = b.outer_steps * b.inner_steps * b.get("restarts", 1)
   (cell,) = [c for c in sweep.plan(config)

@@ -1,5 +1,7 @@
 """Tests of the Soteria defense (repdef_jax.defenses.soteria)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -580,6 +582,63 @@ def test_representation_jacobian_norms_match_per_feature_vjp(name, shape, kw):
         model, p, x, chunk=c))(params, x)
     np.testing.assert_allclose(r, r_ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(norms, n_ref, rtol=2e-5, atol=1e-6)
+
+
+# A ConvNet whose representation (4 * 32 = 128 features) is larger than
+# its input (81 pixels): 'auto' runs the Jacobian in forward mode.
+WIDE = ("convnet64", (9, 9, 1), dict(width=32))
+
+
+@pytest.mark.parametrize("name,shape,kw", [WIDE, *JAC_MODELS[:5]])
+def test_forward_mode_jacobian_norms_match_per_feature_vjp(name, shape, kw):
+  model, params, x, _ = _setup(name, shape, b=2, **kw)
+  r_ref, n_ref = _naive_norms(model, params, x)
+  for chunk in (None, 7):  # 7 does not divide D: padded last chunk.
+    r, norms = jax.jit(lambda p, x, c=chunk: S.representation_jacobian_norms(
+        model, p, x, chunk=c, jacobian="fwd"))(params, x)
+    np.testing.assert_allclose(r, r_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(norms, n_ref, rtol=2e-5, atol=1e-6)
+  r, jac = jax.jit(lambda p, x: S.representation_jacobian(
+      model, p, x, chunk=5, jacobian="fwd"))(params, x)
+  _, j_ref = S.features_and_jacobian(
+      model.with_conv_impl("xla").feature_fn(params), x, jacobian="rev")
+  np.testing.assert_allclose(jac, j_ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,shape,kw,want", [
+    (*WIDE, "fwd"),
+    ("convnet64", (28, 28, 1), {}, "fwd"),  # D 784 < F 2,304.
+    ("convnet64", (32, 32, 3), {}, "rev"),  # D 3,072 > F 2,304.
+    ("convnet64", (28, 28, 1), dict(width=16), "rev"),  # F 576.
+    ("lenet", (28, 28, 1), {}, "rev"),  # F 588 < D 784.
+    ("leakage", (4, 4, 1), {}, "rev"),  # D < F, but nothing below.
+])
+def test_auto_jacobian_mode_is_forward_iff_input_smaller(name, shape, kw,
+                                                         want):
+  model = models.get_model(name, shape, **kw)
+  assert S.model_jacobian_mode(model) == want
+  assert S.model_jacobian_mode(model, "rev") == "rev"
+  assert S.model_jacobian_mode(model, "fwd") == "fwd"
+
+
+def test_defense_runs_forward_mode_where_auto_picks_it():
+  # Same mask as the reverse-mode scores of the generic Jacobian, and
+  # 'auto' traces the forward-mode program, not the reverse one.
+  model, params, x, y = _setup(*WIDE[:2], b=3, **WIDE[2])
+  grads = gradients.batch_grad(model, params, x, y, None)
+  batch = base.ClientBatch(params, x, y)
+  out, _ = jax.jit(S.soteria(model, 50.0).apply)(grads, batch,
+                                                  jax.random.key(0))
+  ref, _ = S.soteria(model, 50.0, jacobian="rev").apply(grads, batch,
+                                                        jax.random.key(0))
+  np.testing.assert_array_equal(out["head"]["kernel"] != 0,
+                                ref["head"]["kernel"] != 0)
+  assert 0 < int(jnp.sum(out["head"]["kernel"] != 0)) < out["head"][
+      "kernel"].size
+  text = {m: str(jax.make_jaxpr(functools.partial(
+      S.representation_jacobian_norms, model, jacobian=m))(params, x))
+          for m in ("auto", "fwd", "rev")}
+  assert text["auto"] == text["fwd"] != text["rev"]
 
 
 @pytest.mark.parametrize("name,shape", [("leakage", (6, 6, 2)),

@@ -799,7 +799,7 @@ def test_threshold_sensitivity_table():
 def _fake_flops(monkeypatch, flops, features=1):
   """Forward FLOPs by model key from ``flops`` (no model is compiled)."""
   monkeypatch.setattr(cost, "_forward_flops", lambda key: flops[key])
-  monkeypatch.setattr(cost, "_num_features", lambda key: features)
+  monkeypatch.setattr(cost, "_jacobian_passes", lambda key: features)
 
 
 def test_train_cell_past_the_middle_without_its_snapshot_starts_again(
@@ -952,9 +952,20 @@ def test_cost_extrapolates_from_the_nearest_model_and_skips_finished_cells(
   assert len(est["unknown"]) == 4  # soteria training, 2 attacks, updates
 
 
+@pytest.mark.parametrize("key,want", [
+    ("convnet64/mnist", 784),  # Forward mode: D = 784 < F = 2,304.
+    ("convnet64/cifar10", 2304),
+    ("convnet64[width=16]/mnist", 576),
+    ("lenet/mnist", 588),
+])
+def test_soteria_jacobian_passes_are_the_fewer_of_features_and_pixels(
+    key, want):
+  assert cost._jacobian_passes(key) == want
+
+
 def test_gpu_seconds_follow_the_flop_model(monkeypatch):
-  """Training: (3 + 2 x features with Soteria) forwards per example and
-  step; attacks: 4 (GS) forwards per iteration for all images at once;
+  """Training: (3 + 2 x Jacobian passes with Soteria) forwards per example
+  and step; attacks: 4 (GS) forwards per iteration for all images at once;
   never faster than the floor per step or iteration."""
   config = tradeoff_cfg.get_config("tiny")
   config.num_images = 3

@@ -201,8 +201,10 @@ def local_step_seconds(model_name: str, input_shape: Sequence[int],
   x, y, mask = data.x[0], data.y[0], data.mask[0]
   keys = fedavg.key_streams(0)
   tk, nk = fedavg.client_keys(keys, 0, 0)
-  f = model.num_features
-  cost = batch * f * step_flops(model, 1, False)
+  passes = (math.prod(input_shape)
+            if soteria.model_jacobian_mode(model) == "fwd"
+            else model.num_features)
+  cost = batch * passes * step_flops(model, 1, False)
   scaled = defended and cost > 5e10 and not model.identity_bottom
   defense = (soteria.soteria(model, 60.0) if defended and not scaled
              else None)
@@ -223,22 +225,36 @@ def local_step_seconds(model_name: str, input_shape: Sequence[int],
 def _soteria_chunk_seconds(model, params, x, repeats):
   """Soteria scores of one batch, from programs of one and two chunks: the
   first chunk plus (chunks - 1) times the second's extra time (scaling one
-  timed chunk would charge every chunk the forward pass and the call)."""
-  jm = model.with_default_conv_impl("jacobian")  # As the defense runs it.
-  b, f = x.shape[0], model.num_features
-  c = soteria.auto_chunk(b, f)
-  h = jm.bottom(params, x)
+  timed chunk would charge every chunk the forward pass and the call).
+  A chunk is pullbacks through ``bottom`` or, where the defense runs in
+  forward mode, pushforwards through the whole feature map."""
+  fwd = soteria.model_jacobian_mode(model) == "fwd"
+  # As the defense runs it.
+  jm = model.with_default_conv_impl("xla" if fwd else "jacobian")
+  if fwd:
+    fn, passes = (lambda p, xx: jm.top_post(p, jm.top_pre(p, jm.bottom(
+        p, xx)))), math.prod(x.shape[1:])
+  else:
+    fn, passes = jm.bottom, model.num_features
+  b = x.shape[0]
+  c = soteria.auto_chunk(b, passes)
+  h = jax.eval_shape(fn, params, x)
 
-  def chunks(params, x, h, k):
-    _, vjp = jax.vjp(lambda xx: jm.bottom(params, xx), x)
+  def chunks(params, x, k):
+    if fwd:
+      _, lin = jax.linearize(lambda xx: fn(params, xx), x)
+      shape, push = x.shape, lambda t: lin(t) ** 2
+    else:
+      _, vjp = jax.vjp(lambda xx: fn(params, xx), x)
+      shape, push = h.shape, lambda t: vjp(t)[0] ** 2
 
     def one(i):  # Rows depend on i: XLA cannot hoist the body.
-      rows = jnp.full((c, *h.shape), i + 1, h.dtype)
-      return jnp.sum(jax.vmap(lambda t: vjp(t)[0] ** 2)(rows))
+      rows = jnp.full((c, *shape), i + 1, x.dtype)
+      return jnp.sum(jax.vmap(push)(rows))
 
     return jnp.sum(jax.lax.map(one, jnp.arange(k)))
 
   t1, t2 = (timing.measure(timing.Bench(
-      jax.jit(functools.partial(chunks, k=k)), (params, x, h)),
+      jax.jit(functools.partial(chunks, k=k)), (params, x)),
                            repeats)["seconds"] for k in (1, 2))
-  return t1 + (math.ceil(f / c) - 1) * max(t2 - t1, 0.0)
+  return t1 + (math.ceil(passes / c) - 1) * max(t2 - t1, 0.0)

@@ -23,6 +23,7 @@ per unit of work). Rates come, in this order, from:
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Any, Sequence
 
@@ -32,6 +33,7 @@ import numpy as np
 from repdef_jax import data as data_lib
 from repdef_jax import models as models_lib
 from repdef_jax import storage
+from repdef_jax.defenses import soteria
 from repdef_jax.paper import sweep
 
 
@@ -138,8 +140,10 @@ def _forward_flops(key: str) -> float:
 # GPU_FLOPS (30 % of an H100's 67 TFLOP/s fp32 peak), and no step or
 # iteration faster than GPU_STEP_FLOOR_S (kernel launches of small models).
 # FLOPs per unit, in forward passes of one image: a training step 3 per
-# example (forward + backward), plus 2 per example and representation
-# feature with Soteria (one pullback each); a GS iteration 4 (forward,
+# example (forward + backward), plus 2 per example and Jacobian pass with
+# Soteria (a pullback per representation feature, or a pushforward per input
+# pixel where it runs in forward mode: the same cost per pass on a 2-core
+# CPU, ConvNet64 on MNIST); a GS iteration 4 (forward,
 # backward, and the backward of that); a DLG (L-BFGS) iteration 12 (about
 # three loss-and-gradient evaluations of 4).
 GPU_FLOPS = 20e12
@@ -148,8 +152,12 @@ _FORWARDS = {"train": 3.0, "soteria": 2.0, "gs": 4.0, "dlg": 12.0}
 
 
 @functools.lru_cache(maxsize=None)
-def _num_features(key: str) -> int:
-  return _model_of(key)[0].num_features
+def _jacobian_passes(key: str) -> int:
+  """Passes per example of the Soteria Jacobian (features or pixels)."""
+  model, shape = _model_of(key)
+  if soteria.model_jacobian_mode(model) == "fwd":
+    return math.prod(shape)
+  return model.num_features
 
 
 def gpu_seconds(config, cell: dict[str, Any]) -> float:
@@ -158,14 +166,14 @@ def gpu_seconds(config, cell: dict[str, Any]) -> float:
   Attack images run as one batch (:mod:`repdef_jax.paper.batched`).
   """
   key_ = model_key(config, cell["panel"])
-  fwd, features = _forward_flops(key_), _num_features(key_)
+  fwd, passes = _forward_flops(key_), _jacobian_passes(key_)
   unit = lambda forwards: max(forwards * fwd / GPU_FLOPS, GPU_STEP_FLOOR_S)
   if cell["kind"] == "train":
     tc = sweep.panel_config(config, cell["panel"])
     b = tc.batch_size
     per_step = _FORWARDS["train"] * b
     if family(cell["defense"]) == "soteria":
-      per_step += _FORWARDS["soteria"] * b * features
+      per_step += _FORWARDS["soteria"] * b * passes
     return work(config, cell) / b * unit(per_step)
   attacks, images, budgets = _suite(config, cell)
   its = _iterations_by_attack(budgets, attacks)
