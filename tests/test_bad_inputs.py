@@ -430,6 +430,10 @@ CASES = [
          lambda e: soteria.representation_jacobian_norms(
              e["model"], e["params"], e["x"], chunk=2.5),
          match="chunk must be a positive int"),
+    Case("soteria.representation_jacobian_norms: jacobian 'forward'",
+         lambda e: soteria.representation_jacobian_norms(
+             e["model"], e["params"], e["x"], jacobian="forward"),
+         match="jacobian must be one of"),
     # ---- attacks --------------------------------------------------------
     Case("attacks.get_attack: unknown name",
          lambda e: attacks.get_attack("dlg++"),

@@ -621,6 +621,26 @@ def test_auto_jacobian_mode_is_forward_iff_input_smaller(name, shape, kw,
   assert S.model_jacobian_mode(model, "fwd") == "fwd"
 
 
+def test_jacobian_model_keeps_a_chosen_formulation():
+  # 'auto' becomes 'xla' in forward mode (its JVP is canonical), 'jacobian'
+  # in reverse; a formulation the user chose stays, and its forward-mode
+  # norms are the per-feature vjp's.
+  wide = models.get_model(*WIDE[:2], **WIDE[2])
+  lenet = models.get_model("lenet", (12, 12, 1))
+  assert S.jacobian_model(wide).conv_impl == "xla"
+  assert S.jacobian_model(wide, "rev").conv_impl == "jacobian"
+  assert S.jacobian_model(lenet).conv_impl == "jacobian"
+  assert S.jacobian_model(lenet, "fwd").conv_impl == "xla"
+  model, params, x, _ = _setup(*WIDE[:2], b=2, conv_impl="s2d", **WIDE[2])
+  assert S.jacobian_model(model).conv_impl == "s2d"
+  _, n_ref = _naive_norms(model, params, x)
+  _, norms = jax.jit(lambda p, x: S.representation_jacobian_norms(
+      model, p, x, chunk=16))(params, x)
+  np.testing.assert_allclose(norms, n_ref, rtol=2e-5, atol=1e-6)
+  assert S.jacobian_passes(wide) == 81
+  assert S.jacobian_passes(lenet) == lenet.num_features == 108
+
+
 def test_defense_runs_forward_mode_where_auto_picks_it():
   # Same mask as the reverse-mode scores of the generic Jacobian, and
   # 'auto' traces the forward-mode program, not the reverse one.

@@ -796,10 +796,11 @@ def test_threshold_sensitivity_table():
       ["soteria", 0.3, 40.0, "0.02 [0.01, 0.03]", "n/a"]]
 
 
-def _fake_flops(monkeypatch, flops, features=1):
-  """Forward FLOPs by model key from ``flops`` (no model is compiled)."""
+def _fake_flops(monkeypatch, flops, passes=1):
+  """Forward FLOPs by model key from ``flops`` and ``passes`` Soteria
+  Jacobian passes per example (no model is compiled)."""
   monkeypatch.setattr(cost, "_forward_flops", lambda key: flops[key])
-  monkeypatch.setattr(cost, "_jacobian_passes", lambda key: features)
+  monkeypatch.setattr(cost, "_jacobian_passes", lambda key: passes)
 
 
 def test_train_cell_past_the_middle_without_its_snapshot_starts_again(

@@ -201,10 +201,7 @@ def local_step_seconds(model_name: str, input_shape: Sequence[int],
   x, y, mask = data.x[0], data.y[0], data.mask[0]
   keys = fedavg.key_streams(0)
   tk, nk = fedavg.client_keys(keys, 0, 0)
-  passes = (math.prod(input_shape)
-            if soteria.model_jacobian_mode(model) == "fwd"
-            else model.num_features)
-  cost = batch * passes * step_flops(model, 1, False)
+  cost = batch * soteria.jacobian_passes(model) * step_flops(model, 1, False)
   scaled = defended and cost > 5e10 and not model.identity_bottom
   defense = (soteria.soteria(model, 60.0) if defended and not scaled
              else None)
@@ -228,28 +225,20 @@ def _soteria_chunk_seconds(model, params, x, repeats):
   timed chunk would charge every chunk the forward pass and the call).
   A chunk is pullbacks through ``bottom`` or, where the defense runs in
   forward mode, pushforwards through the whole feature map."""
-  fwd = soteria.model_jacobian_mode(model) == "fwd"
-  # As the defense runs it.
-  jm = model.with_default_conv_impl("xla" if fwd else "jacobian")
-  if fwd:
-    fn, passes = (lambda p, xx: jm.top_post(p, jm.top_pre(p, jm.bottom(
-        p, xx)))), math.prod(x.shape[1:])
-  else:
-    fn, passes = jm.bottom, model.num_features
-  b = x.shape[0]
-  c = soteria.auto_chunk(b, passes)
-  h = jax.eval_shape(fn, params, x)
+  jm = soteria.jacobian_model(model)  # As the defense runs it.
+  passes = soteria.jacobian_passes(model)
+  c = soteria.auto_chunk(x.shape[0], passes)
 
   def chunks(params, x, k):
-    if fwd:
-      _, lin = jax.linearize(lambda xx: fn(params, xx), x)
-      shape, push = x.shape, lambda t: lin(t) ** 2
+    if soteria.model_jacobian_mode(model) == "fwd":
+      _, lin = jax.linearize(lambda xx: jm.features(params, xx), x)
+      shape, dtype, push = x.shape, x.dtype, lambda t: lin(t) ** 2
     else:
-      _, vjp = jax.vjp(lambda xx: fn(params, xx), x)
-      shape, push = h.shape, lambda t: vjp(t)[0] ** 2
+      h, vjp = jax.vjp(lambda xx: jm.bottom(params, xx), x)
+      shape, dtype, push = h.shape, h.dtype, lambda t: vjp(t)[0] ** 2
 
     def one(i):  # Rows depend on i: XLA cannot hoist the body.
-      rows = jnp.full((c, *shape), i + 1, x.dtype)
+      rows = jnp.full((c, *shape), i + 1, dtype)
       return jnp.sum(jax.vmap(push)(rows))
 
     return jnp.sum(jax.lax.map(one, jnp.arange(k)))

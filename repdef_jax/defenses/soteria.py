@@ -211,7 +211,10 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
 # when top_post is elementwise, dr_i/dh = top_post'(z_i) * (row i of
 # top_pre's constant Jacobian), so no backward pass runs through the top
 # layer. Chunks (lax.map) keep the working set small, and ``norms`` reduces
-# each chunk at once: the [B, F, D] Jacobian is never formed.
+# each chunk at once: the [B, F, D] Jacobian is never formed. Where D < F
+# (and bottom is not the identity), chunks of one-hot input pixels are pushed
+# forward instead (:func:`_pushforward_chunks`), the same chunk sizes in
+# examples x pixels.
 
 # Examples x features pulled back at once when ``chunk`` is None: measured on
 # a 2-core CPU (LeNet, MNIST and CIFAR-10 shapes, batch 1 / 10 / 50): flat
@@ -244,19 +247,35 @@ def model_jacobian_mode(model: models_lib.Model, jacobian: str = "auto"
                           math.prod(model.input_shape))
 
 
+def jacobian_passes(model: models_lib.Model, jacobian: str = "auto") -> int:
+  """Passes per example of the model-aware Jacobian: F pullbacks or, in
+  forward mode, D pushforwards (cost models and benchmarks price them)."""
+  if model_jacobian_mode(model, jacobian) == "fwd":
+    return math.prod(model.input_shape)
+  return model.num_features
+
+
+def jacobian_model(model: models_lib.Model, jacobian: str = "auto"
+                   ) -> models_lib.Model:
+  """``model`` with the convolutions the model-aware Jacobian runs: a
+  formulation the user chose stays; 'auto' becomes 'jacobian' in reverse
+  mode (fast pullbacks) and 'xla' in forward mode, whose JVP is a canonical
+  convolution ('s2d''s JVP takes the kernel as HWOI, so that its transpose,
+  the pullback, is canonical; XLA's CPU backend runs that HWOI convolution
+  ~4.5x slower in a loop body, ``docs/design.md``)."""
+  fwd = model_jacobian_mode(model, jacobian) == "fwd"
+  return model.with_default_conv_impl("xla" if fwd else "jacobian")
+
+
 def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
                      chunk: int | None, reduce: bool, jacobian: str
                      ) -> tuple[jax.Array, jax.Array]:
   """``(r [B, F], out)``: out is ``[B, F]`` row norms or ``[B, F, D]`` rows."""
   model.check_input(x)
   _check_chunk(chunk)
+  model = jacobian_model(model, jacobian)
   if model_jacobian_mode(model, jacobian) == "fwd":
-    # 'xla': its JVP is a canonical convolution. The 'jacobian' rule's 's2d'
-    # JVP takes the kernel as HWOI (so that its transpose, the pullback, is
-    # canonical), which XLA's CPU backend runs ~4x slower in a loop body.
-    return _pushforward_chunks(model.with_default_conv_impl("xla"), params,
-                               x, chunk, reduce)
-  model = model.with_default_conv_impl("jacobian")  # Faster pullbacks.
+    return _pushforward_chunks(model, params, x, chunk, reduce)
   h = model.bottom(params, x)
   z = model.top_pre(params, h)
   post = lambda zz: model.top_post(params, zz)
@@ -323,9 +342,7 @@ def _pushforward_chunks(model: models_lib.Model, params: Params,
   """
   b, shape = x.shape[0], x.shape[1:]
   d = math.prod(shape)
-  r, push = jax.linearize(
-      lambda xx: model.top_post(params, model.top_pre(
-          params, model.bottom(params, xx))), x)
+  r, push = jax.linearize(lambda xx: model.features(params, xx), x)
   c = min(auto_chunk(b, d) if chunk is None else int(chunk), d)
   n = -(-d // c)
 
@@ -776,8 +793,9 @@ def soteria(model: models_lib.Model,
     q: the perturbation: an int q (0 -> 'q0') or a registered name.
     jacobian: 'auto' (the model-aware :func:`representation_jacobian_norms`,
       or :func:`representation_jacobian` for the 'exact' score, in the mode
-      of :func:`model_jacobian_mode`), or 'rev' / 'fwd' to force the
-      generic :func:`features_and_jacobian` mode.
+      of :func:`model_jacobian_mode`), or 'rev' / 'fwd' to run the generic
+      :func:`features_and_jacobian` in that mode instead (the whole
+      ``[B, F, D]`` Jacobian; 'fwd' unchunked).
     jacobian_conv_impl: convolution formulation used for the Jacobian
       (same parameters, same numbers up to float rounding; see
       :mod:`repdef_jax.models`); 'auto' is 'xla' on GPU/TPU and on CPU
@@ -785,8 +803,9 @@ def soteria(model: models_lib.Model,
       (per layer 'dense', 'patches' or 's2d'), or 'xla' where the
       Jacobian runs in forward mode (:func:`model_jacobian_mode`); with
       ``jacobian='rev'`` / 'fwd' the 'auto' rule. None keeps the model's.
-    jacobian_chunk: features pulled back (rows of the Jacobian computed) at
-      a time, bounding memory; None picks a size.
+    jacobian_chunk: features pulled back (rows of the Jacobian) or, in
+      forward mode, input pixels pushed forward (columns) at a time,
+      bounding memory; None picks a size.
 
   Returns:
     A Defense named 'soteria' with info keys ``pruned_fraction``,

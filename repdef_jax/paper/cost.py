@@ -23,7 +23,6 @@ per unit of work). Rates come, in this order, from:
 from __future__ import annotations
 
 import functools
-import math
 import os
 from typing import Any, Sequence
 
@@ -154,10 +153,7 @@ _FORWARDS = {"train": 3.0, "soteria": 2.0, "gs": 4.0, "dlg": 12.0}
 @functools.lru_cache(maxsize=None)
 def _jacobian_passes(key: str) -> int:
   """Passes per example of the Soteria Jacobian (features or pixels)."""
-  model, shape = _model_of(key)
-  if soteria.model_jacobian_mode(model) == "fwd":
-    return math.prod(shape)
-  return model.num_features
+  return soteria.jacobian_passes(_model_of(key)[0])
 
 
 def gpu_seconds(config, cell: dict[str, Any]) -> float:
