@@ -17,12 +17,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 
 from repdef_jax import fedavg  # pylint: disable=g-import-not-at-top
 from repdef_jax import models  # pylint: disable=g-import-not-at-top
-
-
-def _max_diff(a, b):
-  """Largest absolute difference over the leaves; NaN anywhere gives NaN."""
-  return float(np.max([np.max(np.abs(u - v)) for u, v in zip(
-      jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]))
+from tree_checks import max_diff  # pylint: disable=g-import-not-at-top
 
 
 def main():
@@ -52,7 +47,7 @@ def main():
                       float(metrics["train_loss"])))
     (p1, ids1, l1), (p8, ids8, l8) = results
     out[f"k{k}"] = {
-        "params": _max_diff(p1, p8),
+        "params": max_diff(p1, p8),
         "ids_equal": bool(np.array_equal(ids1, ids8)),
         "loss": abs(l1 - l8),
     }
@@ -71,7 +66,7 @@ def main():
   (p1, l1), (p8, l8) = results
   leaves8 = jax.tree_util.tree_leaves(p8)
   out["nan_unsampled_client"] = {
-      "params": _max_diff(p1, p8),
+      "params": max_diff(p1, p8),
       "loss": abs(l1 - l8),
       "finite": bool(all(np.isfinite(a).all() for a in leaves8)),
   }

@@ -12,6 +12,7 @@ from repdef_jax import models
 from repdef_jax import schedules
 from repdef_jax import training
 from repdef_jax.defenses import base as defenses_base
+from tree_checks import max_diff
 
 N, M, F = 6, 12, 4 * 4 * 1
 
@@ -42,13 +43,6 @@ def _pad(data, extra_clients=0, extra_examples=0):
   pad = lambda a: jnp.pad(a, [(0, extra_clients), (0, extra_examples)] +
                           [(0, 0)] * (a.ndim - 2))
   return fedavg.ClientArrays(*(pad(a) for a in data))
-
-
-def _max_diff(a, b):
-  # np.max, not max(): a NaN anywhere must fail the comparison.
-  return float(np.max([0.0] + [np.max(np.abs(np.asarray(u) - np.asarray(v)))
-                               for u, v in zip(jax.tree_util.tree_leaves(a),
-                                               jax.tree_util.tree_leaves(b))]))
 
 
 def _fixed_rows_defense(rows):
@@ -100,8 +94,8 @@ def test_vmapped_round_equals_python_loop(model, name):
     new, metrics = round_fn(state, data, keys)
     ref = fedavg.loop_round(model, config, state, data, keys,
                             metrics["client_ids"])
-    assert _max_diff(new.params, ref.params) < 1e-6
-    assert _max_diff(new.opt_state, ref.opt_state) < 1e-6
+    assert max_diff(new.params, ref.params) < 1e-6
+    assert max_diff(new.opt_state, ref.opt_state) < 1e-6
     assert int(new.round) == int(ref.round)
     state = new
 
@@ -114,7 +108,7 @@ def test_chunked_round_equals_vmapped(model):
   chunked = fedavg.FedAvgConfig(**{**config.__dict__, "client_chunk": 2})
   b, mb = fedavg.make_round(model, chunked)(state, data, keys)
   np.testing.assert_array_equal(ma["client_ids"], mb["client_ids"])
-  assert _max_diff(a.params, b.params) < 1e-6
+  assert max_diff(a.params, b.params) < 1e-6
 
 
 def test_padding_clients_and_examples_changes_nothing(model):
@@ -127,7 +121,7 @@ def test_padding_clients_and_examples_changes_nothing(model):
   b, mb = round_fn(state, padded, keys)
   # Zero-size clients have p_k = 0: same sample, same result.
   np.testing.assert_array_equal(ma["client_ids"], mb["client_ids"])
-  assert _max_diff(a.params, b.params) < 1e-6
+  assert max_diff(a.params, b.params) < 1e-6
   assert abs(float(ma["train_loss"]) - float(mb["train_loss"])) < 1e-6
 
 
@@ -139,10 +133,10 @@ def test_empty_client_contributes_nothing(model):
   new, m = round_fn(state, data, keys, client_ids=jnp.array([4, 0]))
   ref, _ = round_fn(state, data, keys, client_ids=jnp.array([0]))
   np.testing.assert_allclose(m["weights"], [0.0, 1.0])
-  assert _max_diff(jax.tree_util.tree_map(lambda d: d[0],
+  assert max_diff(jax.tree_util.tree_map(lambda d: d[0],
                                           m["client_updates"]),
                    jax.tree_util.tree_map(jnp.zeros_like, state.params)) == 0
-  assert _max_diff(new.params, ref.params) < 1e-7
+  assert max_diff(new.params, ref.params) < 1e-7
 
 
 def test_one_client_one_full_step_is_centralized_sgd(model):
@@ -159,7 +153,7 @@ def test_one_client_one_full_step_is_centralized_sgd(model):
 
   g = jax.grad(loss)(state.params)
   expected = jax.tree_util.tree_map(lambda w, gw: w - 0.3 * gw, state.params, g)
-  assert _max_diff(new.params, expected) < 1e-6
+  assert max_diff(new.params, expected) < 1e-6
 
 
 def test_sampling_frequencies_match_probs():
@@ -221,7 +215,7 @@ def test_attack_hook_returns_what_the_server_receives(model):
       model, config, p, data.x[cid], data.y[cid], data.mask[cid], tk, nk,
       state.round))(state.params)
   got = jax.tree_util.tree_map(lambda d: d[slot], m["client_updates"])
-  assert _max_diff(got, delta) < 1e-7
+  assert max_diff(got, delta) < 1e-7
 
 
 @pytest.mark.parametrize("weighting,replace,tol", [("uniform", True, 0.05),
@@ -267,13 +261,13 @@ def test_aggregation_weights_by_hand(logreg, weighting):
               "size": [12 / 27, 12 / 27, 3 / 27]}[weighting]
   np.testing.assert_allclose(np.asarray(m["weights"]), expected, rtol=1e-6)
   updates = m["client_updates"]
-  assert _max_diff(jax.tree_util.tree_map(lambda d: d[0], updates),
+  assert max_diff(jax.tree_util.tree_map(lambda d: d[0], updates),
                    jax.tree_util.tree_map(lambda d: d[1], updates)) == 0.0
   want = jax.tree_util.tree_map(
       lambda p, d: np.asarray(p) + sum(w * np.asarray(d[i])
                                        for i, w in enumerate(expected)),
       state.params, updates)
-  assert _max_diff(new.params, want) < 1e-6
+  assert max_diff(new.params, want) < 1e-6
 
 
 def _soteria(model):
@@ -421,7 +415,7 @@ def test_schedule_is_indexed_by_global_step(logreg):
     g = jax.grad(loss)(p)
     p = jax.tree_util.tree_map(lambda w, gw: w - sched(t) * gw, p, g)
   new, _ = round_fn(state, data, keys)
-  assert _max_diff(new.params, p) < 1e-6
+  assert max_diff(new.params, p) < 1e-6
 
 
 def _key_bits(key):
@@ -526,11 +520,11 @@ def test_defense_sees_each_step_or_the_update_by_hand(logreg, defense_at):
   else:
     want = jax.tree_util.tree_map(lambda w, ui: 0.5 * w + ui, p0, noise(nk))
   assert int(info["steps"]) == 4
-  assert _max_diff(delta, want) < 1e-6
+  assert max_diff(delta, want) < 1e-6
   empty, info = update(4, *fedavg.client_keys(keys, jnp.int32(0),
                                               jnp.int32(4)))
   assert int(info["steps"]) == 0
-  assert _max_diff(empty, jax.tree_util.tree_map(np.zeros_like, p0)) == 0.0
+  assert max_diff(empty, jax.tree_util.tree_map(np.zeros_like, p0)) == 0.0
 
 
 def _np_cross_entropy(logits, y):

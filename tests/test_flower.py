@@ -24,6 +24,7 @@ from repdef_jax import defenses
 from repdef_jax import fedavg
 from repdef_jax import gradients
 from repdef_jax import models
+from tree_checks import max_diff
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -63,11 +64,6 @@ def _server(fl, strategy, initial, num_rounds, out):
   return app
 
 
-def _max_diff(a, b):
-  return float(np.max([jnp.max(jnp.abs(u - v)) for u, v in zip(
-      jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]))
-
-
 def test_import_repdef_jax_does_not_import_flower():
   code = ("import sys, repdef_jax, repdef_jax.integrations; "
           "assert 'flwr' not in sys.modules")
@@ -100,9 +96,9 @@ def test_flower_rounds_match_make_round(fl):
       fl.make_client_app(model, config, _loader(fl, x, y, mask), seed=0), 4)
   result = out["result"]
   params = fl.from_arrays(result.arrays, state.params)
-  diff = _max_diff(params, ref.params)
+  diff = max_diff(params, ref.params)
   assert diff <= 1e-6, diff
-  assert _max_diff(params, state.params) > 1e-3  # It trained.
+  assert max_diff(params, state.params) > 1e-3  # It trained.
   last = result.train_metrics_clientapp[3]
   assert abs(last["train_loss"] - float(metrics["train_loss"])) <= 1e-5
   assert abs(last["defense/effective_pruned_fraction"] - float(
@@ -168,7 +164,7 @@ def test_defense_mod_equals_update_defense_and_composes_with_clipping(fl):
                                  defense=soteria, defense_at="update"), load))
   mod = fl.defense_mod(soteria, model=model, load_data=load)
   around, m_mod = reply(fl.make_client_app(model, plain, load, mods=[mod]))
-  assert _max_diff(inside, around) <= 1e-6
+  assert max_diff(inside, around) <= 1e-6
   assert m_mod["defense/pruned_fraction"] == pytest.approx(
       m_in["defense/pruned_fraction"])
   assert m_mod["defense/pruned_fraction"] > 0.5
@@ -218,7 +214,7 @@ def test_defense_mod_reads_arrays_by_key_and_names_what_is_missing(fl):
   assert list(reordered.keys()) != list(arrays.keys())
   a, b = train(app, arrays), train(app, reordered)
   assert not a.has_error() and not b.has_error(), b.error
-  assert _max_diff(fl.from_arrays(a.content["arrays"], params),
+  assert max_diff(fl.from_arrays(a.content["arrays"], params),
                    fl.from_arrays(b.content["arrays"], params)) == 0.0
   blind = fl.make_client_app(model, plain, load, mods=[
       fl.defense_mod(soteria, model=model)])
@@ -255,8 +251,8 @@ def test_defense_mod_draws_the_clients_noise_key_and_counts_real_examples(fl):
   around, m_mod = reply(fl.make_client_app(
       model, plain, load, mods=[fl.defense_mod(noise, model=model)]))
   undefended, _ = reply(fl.make_client_app(model, plain, load))
-  assert _max_diff(inside, around) <= 1e-6
-  assert _max_diff(around, undefended) > 1e-3  # The noise is there.
+  assert max_diff(inside, around) <= 1e-6
+  assert max_diff(around, undefended) > 1e-3  # The noise is there.
   assert m_in["num-examples"] == m_mod["num-examples"] == 3
 
 
@@ -459,8 +455,8 @@ def test_audit_divides_the_update_by_lr_times_local_steps(fl, monkeypatch,
   new = fl.from_arrays(out["result"].arrays, params)
   delta = jax.tree_util.tree_map(lambda a, b: a - b, new, params)
   expected = jax.tree_util.tree_map(lambda d: -d / (0.1 * 3), delta)
-  assert _max_diff(delta, jax.tree_util.tree_map(jnp.zeros_like, delta)) > 0
-  assert _max_diff(grads, expected) < 1e-5
+  assert max_diff(delta, jax.tree_util.tree_map(jnp.zeros_like, delta)) > 0
+  assert max_diff(grads, expected) < 1e-5
 
 
 def _example_app():
@@ -604,17 +600,17 @@ def test_client_app_noise_follows_the_seed_and_the_mod_silences_empty_nodes(
   seed0 = reply(fl.make_client_app(model, config, load, seed=0), 2)
   again = reply(fl.make_client_app(model, config, load, seed=0), 2)
   seed1 = reply(fl.make_client_app(model, config, load, seed=1), 2)
-  assert _max_diff(seed0, again) == 0
-  assert _max_diff(seed0, seed1) > 1e-3
+  assert max_diff(seed0, again) == 0
+  assert max_diff(seed0, seed1) > 1e-3
   plain = fedavg.FedAvgConfig(local_steps=1, batch_size=4, client_lr=0.1)
   for data in (load, None):  # Without load_data: the reply's num-examples.
     empty = reply(fl.make_client_app(
         model, plain, load,
         mods=[fl.defense_mod(noise, model=model, load_data=data)]), 3)
-    assert _max_diff(empty, params) == 0, data
+    assert max_diff(empty, params) == 0, data
   full = reply(fl.make_client_app(
       model, plain, load, mods=[fl.defense_mod(noise, model=model)]), 2)
-  assert _max_diff(full, params) > 1e-3
+  assert max_diff(full, params) > 1e-3
 
 
 def test_in_process_grid_turns_failures_into_error_replies(fl):
@@ -700,7 +696,7 @@ def test_auditor_attacks_each_update_as_its_client(fl, monkeypatch):
       local = fl.from_arrays(reply.content["arrays"], glob)
       expected = jax.tree_util.tree_map(
           lambda a, b: -(a - b) / (lr * steps), local, glob)
-      assert _max_diff(grads, expected) < 1e-5, (rnd, pid)
+      assert max_diff(grads, expected) < 1e-5, (rnd, pid)
       assert num == record["num_images"] == (3 if pid == 1 else 4)
       np.testing.assert_array_equal(data(key),
                                     data(fl.audit_key(5, rnd, pid)))
