@@ -397,7 +397,7 @@ def representation_jacobian_norms(model: models_lib.Model, params: Params,
 
   Args:
     model: the model (its conv formulation is used as is, except that
-      'auto' becomes 'jacobian', see :mod:`repdef_jax.models`).
+      'auto' becomes the one :func:`jacobian_model` picks for the mode).
     params: its parameters.
     x: images ``[B, H, W, C]``.
     chunk: features pulled back ('rev') or input pixels pushed forward
