@@ -134,8 +134,8 @@ def test_empty_client_contributes_nothing(model):
   ref, _ = round_fn(state, data, keys, client_ids=jnp.array([0]))
   np.testing.assert_allclose(m["weights"], [0.0, 1.0])
   assert max_diff(jax.tree_util.tree_map(lambda d: d[0],
-                                          m["client_updates"]),
-                   jax.tree_util.tree_map(jnp.zeros_like, state.params)) == 0
+                                         m["client_updates"]),
+                  jax.tree_util.tree_map(jnp.zeros_like, state.params)) == 0
   assert max_diff(new.params, ref.params) < 1e-7
 
 
@@ -262,7 +262,7 @@ def test_aggregation_weights_by_hand(logreg, weighting):
   np.testing.assert_allclose(np.asarray(m["weights"]), expected, rtol=1e-6)
   updates = m["client_updates"]
   assert max_diff(jax.tree_util.tree_map(lambda d: d[0], updates),
-                   jax.tree_util.tree_map(lambda d: d[1], updates)) == 0.0
+                  jax.tree_util.tree_map(lambda d: d[1], updates)) == 0.0
   want = jax.tree_util.tree_map(
       lambda p, d: np.asarray(p) + sum(w * np.asarray(d[i])
                                        for i, w in enumerate(expected)),

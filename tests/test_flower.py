@@ -215,7 +215,7 @@ def test_defense_mod_reads_arrays_by_key_and_names_what_is_missing(fl):
   a, b = train(app, arrays), train(app, reordered)
   assert not a.has_error() and not b.has_error(), b.error
   assert max_diff(fl.from_arrays(a.content["arrays"], params),
-                   fl.from_arrays(b.content["arrays"], params)) == 0.0
+                  fl.from_arrays(b.content["arrays"], params)) == 0.0
   blind = fl.make_client_app(model, plain, load, mods=[
       fl.defense_mod(soteria, model=model)])
   r = train(blind, arrays)

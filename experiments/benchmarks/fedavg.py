@@ -225,12 +225,13 @@ def _soteria_chunk_seconds(model, params, x, repeats):
   timed chunk would charge every chunk the forward pass and the call).
   A chunk is pullbacks through ``bottom`` or, where the defense runs in
   forward mode, pushforwards through the whole feature map."""
-  jm = soteria.jacobian_model(model)  # As the defense runs it.
-  passes = soteria.jacobian_passes(model)
+  mode = soteria.model_jacobian_mode(model)
+  jm = soteria.jacobian_model(model, mode)  # As the defense runs it.
+  passes = soteria.jacobian_passes(model, mode)
   c = soteria.auto_chunk(x.shape[0], passes)
 
   def chunks(params, x, k):
-    if soteria.model_jacobian_mode(model) == "fwd":
+    if mode == "fwd":
       _, lin = jax.linearize(lambda xx: jm.features(params, xx), x)
       shape, dtype, push = x.shape, x.dtype, lambda t: lin(t) ** 2
     else:

@@ -267,14 +267,21 @@ def jacobian_model(model: models_lib.Model, jacobian: str = "auto"
   return model.with_default_conv_impl("xla" if fwd else "jacobian")
 
 
+def _one_hot_chunk(start: jax.Array, size: int, total: int) -> jax.Array:
+  """Boolean ``[size, total]``: one-hot rows for indices start .. start +
+  size - 1 (rows past ``total`` all False: a padded last chunk)."""
+  return (start + jnp.arange(size))[:, None] == jnp.arange(total)[None, :]
+
+
 def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
                      chunk: int | None, reduce: bool, jacobian: str
                      ) -> tuple[jax.Array, jax.Array]:
   """``(r [B, F], out)``: out is ``[B, F]`` row norms or ``[B, F, D]`` rows."""
   model.check_input(x)
   _check_chunk(chunk)
-  model = jacobian_model(model, jacobian)
-  if model_jacobian_mode(model, jacobian) == "fwd":
+  mode = model_jacobian_mode(model, jacobian)
+  model = jacobian_model(model, mode)
+  if mode == "fwd":
     return _pushforward_chunks(model, params, x, chunk, reduce)
   h = model.bottom(params, x)
   z = model.top_pre(params, h)
@@ -285,9 +292,6 @@ def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
   c = min(c, f)
   n = -(-f // c)
   starts = jnp.arange(n) * c
-
-  def basis(start):  # One-hot rows of features start .. start + c - 1.
-    return (start + jnp.arange(c))[:, None] == jnp.arange(f)[None, :]
 
   if model.elementwise_top:
     # top_post'(z), the diagonal of an elementwise map's Jacobian, flattened.
@@ -302,7 +306,7 @@ def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
         lambda hh: model.top_pre(params, hh[None])[0].reshape(-1), h0)
 
     def top_rows(start, dact_c):  # [B, c, *h]
-      rows = jax.vmap(lin_vjp)(basis(start).astype(h.dtype))[0]
+      rows = jax.vmap(lin_vjp)(_one_hot_chunk(start, c, f).astype(h.dtype))[0]
       return dact_c.reshape(b, c, *([1] * (h.ndim - 1))) * rows[None]
   else:
     _, top_vjp = jax.vjp(lambda hh: post(model.top_pre(params, hh)), h)
@@ -310,7 +314,7 @@ def _jacobian_chunks(model: models_lib.Model, params: Params, x: jax.Array,
 
     def top_rows(start, dact_c):
       del dact_c
-      e = basis(start).astype(r.dtype)
+      e = _one_hot_chunk(start, c, f).astype(r.dtype)
       rows = jax.vmap(lambda ei: top_vjp(jnp.broadcast_to(ei, r.shape))[0])(e)
       return jnp.moveaxis(rows, 0, 1)
 
@@ -347,7 +351,7 @@ def _pushforward_chunks(model: models_lib.Model, params: Params,
   n = -(-d // c)
 
   def one(start):  # Columns start .. start + c - 1 of every Jacobian.
-    e = ((start + jnp.arange(c))[:, None] == jnp.arange(d)[None, :])
+    e = _one_hot_chunk(start, c, d)
     t = jnp.broadcast_to(e.astype(x.dtype).reshape(c, 1, *shape),
                          (c, *x.shape))
     cols = jax.vmap(push)(t)  # [c, B, F]
