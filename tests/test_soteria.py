@@ -61,14 +61,18 @@ def test_auto_jacobian_picks_fewer_passes():
     S.resolve_jacobian("backward", 4, 4)
 
 
-def test_chunked_jacobian_equals_full_jacobian():
+@pytest.mark.parametrize("jacobian", ["rev", "fwd"])
+def test_chunked_jacobian_equals_full_jacobian(jacobian):
   model, params, x, _ = _setup("lenet", (8, 8, 3), b=3)
   fn = model.feature_fn(params)
-  r, jac = S.features_and_jacobian(fn, x)
-  # 5 and 7 do not divide F = 48 / pad the basis; a NumPy integer is one.
+  # The reference: all F = 48 rows at once, in reverse mode.
+  r, jac = S.features_and_jacobian(fn, x, jacobian="rev")
+  assert jac.shape == (3, 48, 192)
+  # 5 and 7 divide neither F = 48 nor D = 192 (a padded last chunk of rows
+  # or columns); a NumPy integer is one; 1000 is more than either.
   for chunk in (5, np.int64(7), 1000):
     r_c, jac_c = jax.jit(lambda x, c=chunk: S.features_and_jacobian(
-        fn, x, chunk=c))(x)
+        fn, x, chunk=c, jacobian=jacobian))(x)
     np.testing.assert_allclose(r_c, r, rtol=1e-6)
     np.testing.assert_allclose(jac_c, jac, rtol=1e-5, atol=1e-7)
 

@@ -160,10 +160,10 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
       ``jax.jacrev``: F backward passes batched), 'fwd' (D forward-mode
       passes batched, ``jax.jacfwd``) or 'auto' (the one with fewer passes:
       'fwd' when D < F, e.g. a single wide conv layer, else 'rev').
-    chunk: with 'rev' (ignored by 'fwd'), bound memory by computing
-      ``chunk`` rows of each Jacobian at a time (``lax.map`` over chunks of
-      the basis and over images) instead of all ``B * F`` backward passes at
-      once; same numbers.
+    chunk: bound memory by computing ``chunk`` rows ('rev') or columns
+      ('fwd') of each Jacobian at a time (``lax.map`` over chunks of the
+      basis and over images) instead of all ``B * F`` backward or ``B * D``
+      forward passes at once; same numbers.
       ConvNet64 needs it (all 8 x 2,304 passes at once hold ~170 GiB of
       activations' cotangents); None computes everything in one batch.
 
@@ -182,24 +182,29 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
   jacobian = resolve_jacobian(jacobian, num_features, math.prod(x.shape[1:]))
 
   _check_chunk(chunk)
-  chunk = None if chunk is None else int(chunk)
-  chunked = jacobian == "rev" and chunk is not None and chunk < num_features
+  d = math.prod(x.shape[1:])
+  passes = num_features if jacobian == "rev" else d
+  chunked = chunk is not None and int(chunk) < passes
+  c = int(chunk) if chunked else passes
+  n = -(-passes // c)
 
   def one(xi):
+    # One vjp (rows) or jvp (columns) per basis vector, ``c`` at a time.
     if jacobian == "rev":
-      r, vjp = jax.vjp(features_fn, xi)
-      if not chunked:
-        (jac,) = jax.vmap(vjp)(jnp.eye(num_features, dtype=r.dtype))
-      else:
-        n = -(-num_features // chunk)
-        basis = jnp.eye(n * chunk, num_features, dtype=r.dtype)
-        jac = jax.lax.map(lambda e: jax.vmap(vjp)(e)[0],
-                          basis.reshape(n, chunk, num_features))
-        jac = jac.reshape(n * chunk, *xi.shape)[:num_features]
+      r, lin = jax.vjp(features_fn, xi)
+      lin_one = lambda e: lin(e)[0]
+      basis = jnp.eye(n * c, num_features, dtype=r.dtype)
     else:
-      r = features_fn(xi)
-      jac = jax.jacfwd(features_fn)(xi)
-    return r, jac.reshape(num_features, -1)
+      r, lin_one = jax.linearize(features_fn, xi)
+      basis = jnp.eye(n * c, d, dtype=xi.dtype).reshape(n * c, *xi.shape)
+    if chunked:
+      out = jax.lax.map(jax.vmap(lin_one),
+                        basis.reshape(n, c, *basis.shape[1:]))
+      out = out.reshape(n * c, -1)[:passes]
+    else:
+      out = jax.vmap(lin_one)(basis).reshape(passes, -1)
+    # Rows are [F, D] already; columns [D, F] are transposed.
+    return r, out if jacobian == "rev" else out.T
 
   return jax.lax.map(one, x) if chunked else jax.vmap(one)(x)
 
@@ -799,7 +804,7 @@ def soteria(model: models_lib.Model,
       or :func:`representation_jacobian` for the 'exact' score, in the mode
       of :func:`model_jacobian_mode`), or 'rev' / 'fwd' to run the generic
       :func:`features_and_jacobian` in that mode instead (the whole
-      ``[B, F, D]`` Jacobian; 'fwd' unchunked).
+      ``[B, F, D]`` Jacobian).
     jacobian_conv_impl: convolution formulation used for the Jacobian
       (same parameters, same numbers up to float rounding; see
       :mod:`repdef_jax.models`); 'auto' is 'xla' on GPU/TPU and on CPU
@@ -809,7 +814,8 @@ def soteria(model: models_lib.Model,
       ``jacobian='rev'`` / 'fwd' the 'auto' rule. None keeps the model's.
     jacobian_chunk: features pulled back (rows of the Jacobian) or, in
       forward mode, input pixels pushed forward (columns) at a time,
-      bounding memory; None picks a size.
+      bounding memory; None picks a size ('auto') or runs all at once
+      ('rev' / 'fwd').
 
   Returns:
     A Defense named 'soteria' with info keys ``pruned_fraction``,
