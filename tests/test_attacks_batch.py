@@ -69,8 +69,7 @@ def test_choose_restart_prefers_finite_and_not_diverged():
 
 @pytest.mark.parametrize("name,overrides", [
     ("dlg", {"outer_steps": 2, "inner_steps": 4}),
-    pytest.param("dlg", {"outer_steps": 2, "inner_steps": 4,
-                         "optimizer": "linesearch"}, marks=pytest.mark.slow),
+    ("dlg", {"outer_steps": 2, "inner_steps": 4, "optimizer": "linesearch"}),
     ("gs", {"iterations": 6}),
 ])
 def test_kept_restart_has_the_lowest_loss(setup, name, overrides):
@@ -91,7 +90,7 @@ def test_kept_restart_has_the_lowest_loss(setup, name, overrides):
                              rtol=1e-4)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # Which restarts diverge depends on the CPU's rounding.
 def test_diverged_restarts_lose(setup):
   """A tight pixel bound makes some restarts diverge; a finite one wins."""
   model, params, grads, keys, _ = setup
@@ -107,7 +106,8 @@ def test_diverged_restarts_lose(setup):
   assert losses[div].min() < losses[~div].min()
   res = attack(model, params, g, 1, key, restarts=6, **cfg)
   assert not bool(res.diverged)
-  np.testing.assert_allclose(res.final_loss, losses[~div].min(), rtol=1e-5)
+  # vmap's float noise, amplified by L-BFGS (as above).
+  np.testing.assert_allclose(res.final_loss, losses[~div].min(), rtol=1e-4)
   all_bad = attack(model, params, g, 1, key, restarts=6,
                    **{**cfg, "max_abs_pixel": 1e-3})
   assert bool(all_bad.diverged)
@@ -135,7 +135,6 @@ def test_line_search_converges_where_plain_lbfgs_diverges(setup):
   assert int(ls.labels_rec[0]) == int(ys[2, 0])
 
 
-@pytest.mark.slow
 def test_line_search_never_increases_objective_on_lenet():
   model = models.get_model("lenet", (12, 12, 1), 4, init="uniform")
   params = model.init(jax.random.key(0))
@@ -219,9 +218,8 @@ def test_plain_lbfgs_run_equals_its_rule_in_a_python_loop(
 # ---------------------------------------------------------------- run_batch
 
 @pytest.mark.parametrize("name,overrides", [
-    pytest.param("idlg", {"outer_steps": 2, "inner_steps": 5,
-                          "optimizer": "linesearch", "restarts": 2},
-                 marks=pytest.mark.slow),
+    ("idlg", {"outer_steps": 2, "inner_steps": 5, "optimizer": "linesearch",
+              "restarts": 2}),
     ("dlg", {"outer_steps": 1, "inner_steps": 3}),
     ("gs_mask", {"iterations": 8, "restarts": 2}),
 ])

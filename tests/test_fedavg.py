@@ -174,9 +174,10 @@ def test_defense_toggle_keeps_sampling_and_init(model):
   plain = CONFIGS["steps"]
   defended = fedavg.FedAvgConfig(**{**plain.__dict__,
                                     "defense": _fixed_rows_defense([0])})
-  ids = []
+  ids, inits = [], []
   for config in (plain, defended):
     state = fedavg.init(model, config, keys.init)
+    inits.append(state.params)
     round_fn = (_round_fn(model, "steps") if config is plain else
                 fedavg.make_round(model, config))
     run = []
@@ -185,6 +186,7 @@ def test_defense_toggle_keeps_sampling_and_init(model):
       run.append(np.asarray(m["client_ids"]))
     ids.append(run)
   np.testing.assert_array_equal(ids[0], ids[1])
+  assert max_diff(inits[0], inits[1]) == 0
 
 
 def test_fixed_rows_defense_every_step_zeroes_rows(model):

@@ -388,8 +388,14 @@ def test_plan_attacks_real_updates_only_at_the_update_cells():
   config = tradeoff_cfg.get_config("medium")
   cells = sweep.plan(config)
   upd = {(c["defense"], c["strength"]) for c in cells if c["kind"] == "update"}
-  assert upd == set(sweep.update_strengths(config))
+  # medium's update_attack.cells, written out.
+  assert upd == {("none", 0.0), ("soteria", 40.0), ("soteria", 80.0),
+                 ("compression", 90.0), ("dp_gaussian", 0.01)}
   assert len(upd) < len(sweep.strengths(config))
+  # One update cell per (defense, strength), panel, seed and stage.
+  n = len(config.panels) * len(config.seeds) * len(config.update_attack.stages)
+  assert n == 2 * 3 * 3
+  assert sum(c["kind"] == "update" for c in cells) == len(upd) * n
 
 
 def test_update_budgets_unroll_the_clients_local_steps():

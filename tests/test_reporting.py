@@ -290,6 +290,7 @@ def test_replica_run_writes_its_comparison_and_only_its_readme_block(
   readme.write_text(f"{replication.README_BEGIN}\n{replication.README_END}\n")
   reproduce.run(_config(compare_with=ref, publish=str(pub),
                         readme=str(readme)), work)
+  assert "Generated from `pub/replication.json`" in readme.read_text()
 
 
 def test_replica_published_from_a_partial_workdir_compares_every_part(
