@@ -207,12 +207,14 @@ def test_main_job_on_own_images(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_dlg_line_search_reconstructs_where_the_paper_rule_diverges():
-  """The main job's default image 16 (seed 0, the embedded CIFAR-10 sample):
-  undefended, the paper's L-BFGS rule diverges and the default line search
-  reconstructs it (the README's table). Slow: 2,000 line-search steps on
-  LeNet (the default suite's longest test, 60-130 s); the same behaviour on
-  logistic regression is test_attacks_batch.py's
+def test_default_dlg_line_search_reconstructs_where_the_paper_rule_fails():
+  """The main job's default image 72 (seed 0, key scheme 2, the embedded
+  CIFAR-10 sample): undefended, the paper's L-BFGS rule fails on it and the
+  default line search reconstructs it (the README's table and
+  docs/results/main_job/dlg_optimizer_torch). Which image the paper's rule
+  fails on depends on the CPU's rounding, hence slow-marked (2,000
+  line-search steps on LeNet, 60-130 s); the same behaviour on logistic
+  regression is test_attacks_batch.py's
   test_line_search_converges_where_plain_lbfgs_diverges."""
   import jax  # pylint: disable=g-import-not-at-top
   from repdef_jax import gradients  # pylint: disable=g-import-not-at-top
@@ -223,16 +225,16 @@ def test_default_dlg_line_search_reconstructs_where_the_paper_rule_diverges():
   keys = harness.sweep_keys(config["seed"])
   params = model.init(keys.init)
   images, labels = data.load_sample("cifar10", "test")
-  x = data.to_float(images[16:17])
-  y = labels[16:17]
+  x = data.to_float(images[72:73])
+  y = labels[72:73]
   grads = gradients.batch_grad(model, params, x, y)
   ssim = {}
   for optimizer in ("torch", "linesearch"):
     m, _ = harness.attack_gradient(
-        model, params, grads, x, y, "dlg", jax.random.fold_in(keys.attack, 16),
+        model, params, grads, x, y, "dlg", harness.image_keys(keys, 72)[0],
         overrides={"optimizer": optimizer, "outer_steps": 100})
     ssim[optimizer] = (m["diverged"], m["ssim"])
-  assert ssim["torch"][0]  # diverged
+  assert ssim["torch"][1] < 0.6, ssim  # fails (diverged or not)
   # Success by the evaluation's rule (SSIM >= 0.6) within a third of the
   # default budget (the full budget gives 0.996).
   assert not ssim["linesearch"][0] and ssim["linesearch"][1] >= 0.6, ssim
