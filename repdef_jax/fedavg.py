@@ -292,13 +292,16 @@ def make_eval_data(x: Any, y: Any, batch_size: int = 1000) -> EvalData:
   """Cuts a test set into equal batches (host side), padding the last one.
 
   Raises:
-    ValueError: an empty test set or ``batch_size`` < 1.
+    ValueError: an empty test set, ``x`` and ``y`` of different lengths or
+      ``batch_size`` < 1.
   """
   if isinstance(batch_size, bool) or not isinstance(
       batch_size, (int, np.integer)) or batch_size < 1:
     raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}.")
   x, y = np.asarray(x), np.asarray(y)
   n = len(x)
+  if len(y) != n:
+    raise ValueError(f"x ({n}) and y ({len(y)}) differ in length.")
   if n == 0:
     raise ValueError("the test set is empty.")
   bs = min(batch_size, n)

@@ -44,12 +44,30 @@ _ssim = jax.jit(pix.ssim, static_argnames=("max_val", "filter_size"))
 
 
 def _as4d(x, name: str = "x"):
-  """``x`` as ``[B, H, W, C]`` float64; ValueError unless rank 3 or 4."""
-  x = np.asarray(x, np.float64)
+  """``x`` as ``[B, H, W, C]`` float64.
+
+  ValueError unless float images of rank 3 or 4, channels last, at least one:
+  integer pixels (``data.load``'s uint8) and channels-first arrays would
+  otherwise give wrong numbers silently.
+  """
+  x = np.asarray(x)
   if x.ndim not in (3, 4):
     raise ValueError(f"{name} must be images [B, H, W, C] or one image "
                      f"[H, W, C]; got shape {x.shape}.")
-  return x[None] if x.ndim == 3 else x
+  if not np.issubdtype(x.dtype, np.floating):
+    top = f" with max {x.max()}" if x.size and x.dtype != bool else ""
+    raise ValueError(f"{name} must be float images in [0, 1], got "
+                     f"{x.dtype}{top}; convert with "
+                     "repdef_jax.data.to_float.")
+  c_first, c_last = x.shape[-3], x.shape[-1]
+  if c_first in (1, 3) and c_last not in (1, 3):
+    raise ValueError(f"{name} must be channels-last [B, H, W, C]; shape "
+                     f"{x.shape} looks channels-first (transpose it).")
+  x = x.astype(np.float64)
+  x = x[None] if x.ndim == 3 else x
+  if not len(x):
+    raise ValueError(f"{name} is an empty batch (shape {x.shape}).")
+  return x
 
 
 def _check_same_shape(x_rec: Any, x_true: Any) -> tuple[np.ndarray,

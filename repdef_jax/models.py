@@ -54,6 +54,7 @@ import functools
 import math
 from typing import Any, Callable, Sequence
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -669,6 +670,11 @@ class Model:
     per model (same bits as flax's eager init, compiled once instead of op
     by op; on CPU at XLA's optimisation level 1, see ``_init_params``)."""
     top_level = not isinstance(rng, jax.core.Tracer)  # Not inside a jit.
+    if isinstance(rng, (int, np.integer)) or (top_level and not (
+        jnp.issubdtype(jnp.asarray(rng).dtype, jax.dtypes.prng_key)
+        or jnp.shape(rng) == (2,))):
+      raise ValueError(f"rng must be a PRNG key (jax.random.key(seed)); got "
+                       f"{rng!r}.")
     if top_level and jax.default_backend() == "cpu":
       return _init_params_cpu(self, rng)
     return _init_params(self, rng)
@@ -695,12 +701,22 @@ class Model:
     """Logits ``[B, num_classes]`` of a batch ``x`` ``[B, H, W, C]`` (one
     compiled program per model and shape, also when called eagerly)."""
     self.check_input(x)
-    return _apply(self, params, x, None)
+    return self._run(params, x, None)
 
   def features(self, params: Params, x: jax.Array) -> jax.Array:
     """Representation ``r`` ``[B, F]`` that enters the defended layer."""
     self.check_input(x)
-    return _apply(self, params, x, "features")
+    return self._run(params, x, "features")
+
+  def _run(self, params: Params, x: jax.Array, method: str | None):
+    try:
+      return _apply(self, params, x, method)
+    except (flax.errors.ScopeParamNotFoundError,
+            flax.errors.ScopeParamShapeError,
+            flax.errors.ApplyScopeInvalidVariablesStructureError) as e:
+      raise ValueError(f"params do not match model {self.name!r} on images "
+                       f"{self.input_shape} (pass the 'params' collection "
+                       f"of its init): {str(e).splitlines()[0]}") from None
 
   def feature_fn(self, params: Params) -> Callable[[jax.Array], jax.Array]:
     """``x [H, W, C] -> r [F]`` for one image, closing over ``params``."""
@@ -811,8 +827,10 @@ def get_model(name: str,
     raise ValueError(f"input_shape must be (H, W, C) with positive sizes, "
                      f"e.g. (28, 28, 1) for MNIST, got {input_shape!r}.")
   input_shape = shape
-  if num_classes < 2:
-    raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
+  if (isinstance(num_classes, bool) or
+      not isinstance(num_classes, (int, np.integer)) or num_classes < 2):
+    raise ValueError(f"num_classes must be an integer >= 2, got "
+                     f"{num_classes!r}.")
   cls, activation, fc_layers = _MODULES[name]
   own = ("num_classes", "init_scheme", "conv_impl", "parent", "name")
   fields = ({f.name for f in dataclasses.fields(cls)}
@@ -830,8 +848,16 @@ def get_model(name: str,
     raise ValueError(f"Unknown keyword argument(s) {', '.join(unknown)} for "
                      f"model {name!r}; it accepts "
                      f"{', '.join(accepted) or 'none'}.")
+  if "width" in kwargs and not _is_count(kwargs["width"]):
+    raise ValueError(f"width must be an integer >= 1, got "
+                     f"{kwargs['width']!r}.")
   if "hidden" in kwargs:  # A tuple: the Model is a static (hashed) argument.
-    kwargs = {**kwargs, "hidden": tuple(int(h) for h in kwargs["hidden"])}
+    hidden = kwargs["hidden"]
+    if not (isinstance(hidden, (list, tuple)) and
+            all(_is_count(h) for h in hidden)):
+      raise ValueError("hidden must be a tuple of integers >= 1, e.g. "
+                       f"(200, 200) or (); got {hidden!r}.")
+    kwargs = {**kwargs, "hidden": tuple(int(h) for h in hidden)}
     n = len(kwargs["hidden"])
     fc_layers = tuple(f"fc{i}" for i in range(n)) + ("head",)
   module = cls(num_classes=num_classes, init_scheme=init, conv_impl=conv_impl,
@@ -861,6 +887,12 @@ def get_model(name: str,
     raise ValueError(f"Model {name!r} cannot take images of shape "
                      f"{input_shape} (empty representation).")
   return model
+
+
+def _is_count(v: Any) -> bool:
+  """Whether ``v`` is an integer >= 1 (not a bool)."""
+  return (not isinstance(v, bool) and isinstance(v, (int, np.integer))
+          and v >= 1)
 
 
 def _init_program(model: Model, rng: jax.Array) -> Params:

@@ -86,7 +86,7 @@ def noniid(labels: np.ndarray, *, num_clients: int, classes_per_client: int,
     raise ValueError(f"classes_per_client={classes_per_client} exceeds the "
                      f"number of classes ({num_classes}).")
 
-  rng = np.random.default_rng(seed)
+  rng = _rng(seed)
   usage = np.zeros(num_classes, np.int64)
   client_classes = []
   for _ in range(num_clients):
@@ -142,7 +142,7 @@ def iid(num_examples: int, *, num_clients: int,
   if num_examples < num_clients:
     raise ValueError(f"num_examples={num_examples} cannot give each of "
                      f"num_clients={num_clients} clients an example.")
-  order = np.random.default_rng(seed).permutation(num_examples)
+  order = _rng(seed).permutation(num_examples)
   if samples_per_client is None:
     return [part.astype(np.int64)
             for part in np.array_split(order, num_clients)]
@@ -191,7 +191,7 @@ def dirichlet(labels: np.ndarray, *, num_clients: int, alpha: float,
         f"min_size={min_size} x num_clients={num_clients} is not achievable "
         f"with {len(labels)} examples.")
 
-  rng = np.random.default_rng(seed)
+  rng = _rng(seed)
   classes = np.unique(labels)
   for _ in range(_MAX_DIRICHLET_TRIES):
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
@@ -231,6 +231,9 @@ def pack(images: np.ndarray, labels: np.ndarray,
   """
   images = np.asarray(images)
   labels = np.asarray(labels)
+  if labels.ndim != 1:
+    raise ValueError(f"labels must be [N] integer class ids, got shape "
+                     f"{labels.shape} (one-hot labels: argmax them).")
   if len(images) != len(labels):
     raise ValueError(f"images ({len(images)}) and labels ({len(labels)}) "
                      "differ in length.")
@@ -340,6 +343,14 @@ def _num_classes(labels: np.ndarray, num_classes: int | None) -> int:
     raise ValueError(f"num_classes={num_classes} but labels go up to "
                      f"{inferred - 1}.")
   return num_classes
+
+
+def _rng(seed: int) -> np.random.Generator:
+  """``np.random.default_rng(seed)``; ValueError unless an int >= 0."""
+  if (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+      or seed < 0):
+    raise ValueError(f"seed must be an integer >= 0, got {seed!r}.")
+  return np.random.default_rng(seed)
 
 
 def _check_positive(**values: int) -> None:

@@ -40,6 +40,7 @@ from repdef_jax import partition
 from repdef_jax import schedules
 from repdef_jax import training
 from repdef_jax.attacks import repinfer
+from repdef_jax.defenses import certify
 from repdef_jax.defenses import soteria
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -252,6 +253,29 @@ CASES = [
     Case("models.get_model: num_classes=1",
          lambda e: models.get_model("lenet", (8, 8, 1), 1),
          match="num_classes"),
+    Case("models.get_model: num_classes 10.0",
+         lambda e: models.get_model("mlp", (8, 8, 1), 10.0),
+         match=r"num_classes must be an integer >= 2, got 10\.0\."),
+    Case("models.get_model: mlp hidden an int",
+         lambda e: models.get_model("mlp", (8, 8, 1), 4, hidden=100),
+         match=r"hidden must be a tuple of integers >= 1, e\.g\. \(200, "
+               r"200\) or \(\); got 100\."),
+    Case("models.get_model: convnet64 width 0",
+         lambda e: models.get_model("convnet64", (8, 8, 1), 4, width=0),
+         match=r"width must be an integer >= 1, got 0\."),
+    Case("Model.init: an int seed",
+         lambda e: e["model"].init(0),
+         match=r"rng must be a PRNG key \(jax\.random\.key\(seed\)\); "
+               r"got 0\."),
+    Case("Model.apply: parameters of another model",
+         lambda e: e["model"].apply(
+             models.get_model("logreg", (8, 8, 1), 4).init(e["key"]), e["x"]),
+         match=r"params do not match model 'lenet' on images \(8, 8, 1\) "
+               r"\(pass the 'params' collection of its init\): Could not "
+               r"find parameter"),
+    Case("Model.apply: {'params': params}",
+         lambda e: e["model"].apply({"params": e["params"]}, e["x"]),
+         match=r"params do not match model 'lenet'.*extra params layer"),
     Case("models.get_model: image too small for lenet5",
          lambda e: models.get_model("lenet5", (4, 4, 1)),
          match="cannot take images of shape"),
@@ -352,6 +376,15 @@ CASES = [
          lambda e: defenses.certified_bound(e["model"], e["params"], e["x"],
                                             jnp.ones(3)),
          match=r"keep_mask must have shape \[F\]"),
+    Case("defenses.empirical_bound: one reconstruction for two images",
+         lambda e: defenses.empirical_bound(e["model"], e["params"],
+                                            jnp.concatenate([e["x"]] * 2),
+                                            e["x"]),
+         match=r"x_rec \(1, 8, 8, 1\) and x \(2, 8, 8, 1\) differ in shape"),
+    Case("certify.input_distance: one reconstruction for two images",
+         lambda e: certify.input_distance(jnp.zeros((2, 8, 8, 1)),
+                                          jnp.zeros((1, 8, 8, 1))),
+         match=r"x_rec \(1, 8, 8, 1\) and x \(2, 8, 8, 1\) differ in shape"),
     Case("defenses.get_defense: unknown keyword",
          lambda e: defenses.get_defense("soteria", 50, model=e["model"],
                                         bogus=1),
@@ -528,6 +561,19 @@ CASES = [
          lambda e: metrics.mse_raw(np.zeros((1, 4, 4, 1)),
                                    np.ones((3, 4, 4, 1))),
          match="x_rec"),
+    Case("metrics.reconstruction_metrics: uint8 originals (data.load's)",
+         lambda e: metrics.reconstruction_metrics(
+             np.zeros((1, 4, 4, 1)), np.full((1, 4, 4, 1), 255, np.uint8)),
+         match=r"x_true must be float images in \[0, 1\], got uint8 with "
+               r"max 255; convert with repdef_jax.data.to_float"),
+    Case("metrics.ssim: channels-first images",
+         lambda e: metrics.ssim(np.zeros((2, 3, 32, 32)),
+                                np.zeros((2, 3, 32, 32))),
+         match=r"x_rec must be channels-last \[B, H, W, C\]; shape "
+               r"\(2, 3, 32, 32\) looks channels-first"),
+    Case("metrics.ssim: empty batch",
+         lambda e: metrics.ssim(np.zeros((0, 8, 8, 1)), np.zeros((0, 8, 8, 1))),
+         match=r"x_rec is an empty batch"),
     Case("metrics.representation_correlation: size mismatch",
          lambda e: metrics.representation_correlation(np.arange(3.0),
                                                       np.arange(4.0)),
@@ -569,6 +615,16 @@ CASES = [
     Case("partition.noniid: not enough samples",
          lambda e: _noniid([1, 0], num_clients=2, samples_per_class=2),
          match="needs .* samples"),
+    Case("partition.noniid: negative seed",
+         lambda e: _noniid([0, 1], seed=-1),
+         match=r"seed must be an integer >= 0, got -1\."),
+    Case("partition.iid: float seed",
+         lambda e: partition.iid(4, num_clients=2, seed=1.5),
+         match=r"seed must be an integer >= 0, got 1\.5\."),
+    Case("partition.dirichlet: negative seed",
+         lambda e: partition.dirichlet(np.array([0, 1, 0, 1]), num_clients=2,
+                                       alpha=1.0, seed=-3),
+         match=r"seed must be an integer >= 0, got -3\."),
     Case("partition.iid: negative num_examples",
          lambda e: partition.iid(-1, num_clients=2, seed=0),
          match="num_examples"),
@@ -588,6 +644,10 @@ CASES = [
     Case("partition.pack: images/labels length mismatch",
          lambda e: partition.pack(np.zeros((2, 4, 4, 1)), np.zeros(3, int),
                                   [np.array([0])]), match="differ in length"),
+    Case("partition.pack: one-hot labels",
+         lambda e: partition.pack(np.zeros((2, 4, 4, 1)), np.eye(2),
+                                  [np.array([0])]),
+         match=r"labels must be \[N\] integer class ids, got shape \(2, 2\)"),
     Case("partition.pack: client larger than max_examples",
          lambda e: _pack([np.array([0, 1])], max_examples=1),
          match="max_examples=1"),
@@ -671,6 +731,10 @@ CASES = [
     Case("fedavg.make_eval_data: empty test set",
          lambda e: fedavg.make_eval_data(np.zeros((0, 8, 8, 1)), np.zeros(0)),
          match="test set is empty"),
+    Case("fedavg.make_eval_data: x and y of different lengths",
+         lambda e: fedavg.make_eval_data(np.zeros((10, 4, 4, 1)),
+                                         np.zeros(7, int), 4),
+         match=r"x \(10\) and y \(7\) differ in length"),
     Case("fedavg.make_mesh: 0 devices", lambda e: fedavg.make_mesh(0),
          match="num_devices"),
     Case("fedavg.make_round: client images of the wrong shape",

@@ -151,15 +151,25 @@ def certified_bound(model: models_lib.Model, params: Params, x: jax.Array,
                             sigma)
 
 
+def _check_pair(x: jax.Array, x_rec: jax.Array) -> None:
+  """ValueError unless ``x_rec`` has ``x``'s shape (no broadcasting)."""
+  if jnp.shape(x) != jnp.shape(x_rec):
+    raise ValueError(f"x_rec {tuple(jnp.shape(x_rec))} and x "
+                     f"{tuple(jnp.shape(x))} differ in shape; one "
+                     "reconstruction per image.")
+
+
 def representation_distance(model: models_lib.Model, params: Params,
                             x: jax.Array, x_rec: jax.Array) -> jax.Array:
   """``||f(X) - f(X')||_2`` per image, ``[B]``."""
+  _check_pair(x, x_rec)
   return jnp.linalg.norm(model.features(params, x) -
                          model.features(params, x_rec), axis=-1)
 
 
 def input_distance(x: jax.Array, x_rec: jax.Array) -> jax.Array:
   """``||X - X'||_2`` per image, ``[B]``."""
+  _check_pair(x, x_rec)
   return jnp.linalg.norm((x - x_rec).reshape(x.shape[0], -1), axis=-1)
 
 
@@ -172,6 +182,7 @@ def empirical_bound(model: models_lib.Model, params: Params, x: jax.Array,
   ``f(X') = r'`` it equals :func:`certified_bound` (``chunk``, ``sigma``:
   as there).
   """
+  _check_pair(x, x_rec)
   if sigma is None:
     _, sigma = jacobian_spectral_norms(model.feature_fn(params), x, chunk)
   _check_sigma(sigma, x.shape[0])
