@@ -385,6 +385,11 @@ CASES = [
          lambda e: certify.input_distance(jnp.zeros((2, 8, 8, 1)),
                                           jnp.zeros((1, 8, 8, 1))),
          match=r"x_rec \(1, 8, 8, 1\) and x \(2, 8, 8, 1\) differ in shape"),
+    Case("soteria: batch None (the form dp_gaussian accepts)",
+         lambda e: defenses.get_defense("soteria", 60, model=e["model"])(
+             e["grads"], None, e["key"]),
+         match=r"this defense reads the client's batch: pass batch="
+               r"ClientBatch\(params, x, y\[, mask\]\); got NoneType\."),
     Case("defenses.get_defense: unknown keyword",
          lambda e: defenses.get_defense("soteria", 50, model=e["model"],
                                         bogus=1),

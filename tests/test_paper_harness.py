@@ -370,6 +370,15 @@ def test_measure_clamps_only_the_clamped_metrics():
     ({"update_attack": {"attacks": ("gs", "gz")}},
      r"update_attack\.attacks: unknown attack 'gz'"),
     ({"variants": {"reference": (40.0, 150.0)}}, r"variants\.reference"),
+    ({"success_ssim": 5.0},
+     r"success_ssim must be an SSIM level in \(-1, 1\]; got 5\.0\."),
+    ({"thresholds": (0.1, -1.0)}, r"thresholds must be an SSIM level"),
+    ({"accuracy_window": 0}, r"accuracy_window must be an int >= 1 \(the "
+     r"last evaluations averaged\), got 0\."),
+    ({"update_attack": {"batch": 0}},
+     r"update_attack\.batch must be an int >= 1, got 0\."),
+    ({"update_attack": {"stages": ("first", "bogus")}},
+     r"update_attack\.stages must be among first, mid, final; got 'bogus'\."),
 ])
 def test_part_config_check_names_each_bad_setting(extra, match):
   config = ml_collections.ConfigDict({"seeds": (0, 1), **extra})

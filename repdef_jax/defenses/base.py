@@ -44,11 +44,16 @@ class ClientBatch(NamedTuple):
 
 
 def check_batch(batch: ClientBatch) -> None:
-  """Raises a ValueError unless ``y`` and ``mask`` have one entry per image.
+  """Raises a ValueError unless ``batch`` is a :class:`ClientBatch` whose
+  ``y`` and ``mask`` have one entry per image.
 
   Host-side (shapes are static under ``jit``); defenses that read the
   batch call it so a mismatch is one line, not a broadcasting error.
   """
+  if not isinstance(batch, ClientBatch):
+    raise ValueError("this defense reads the client's batch: pass batch="
+                     "ClientBatch(params, x, y[, mask]); got "
+                     f"{type(batch).__name__}.")
   b = batch.x.shape[0] if jnp.ndim(batch.x) else None
   if b is None or jnp.ndim(batch.y) < 1 or batch.y.shape[0] != b:
     raise ValueError(f"batch.y must be [B] or [B, K] with B = {b} (one "

@@ -368,7 +368,10 @@ def check_part_config(config: Any) -> None:
   ``update_attack.cells``: defense -> strengths; ``settings``: (defense,
   strength) pairs; ``rates`` and ``variants``: Soteria percents) valid;
   attack budgets' step counts (``attack_budgets``, each panel's and
-  ``update_attack.budgets``) integers >= 1.
+  ``update_attack.budgets``) integers >= 1; SSIM levels (``threshold``,
+  ``thresholds``, ``success_ssim``) in (-1, 1]; ``accuracy_window``,
+  ``update_attack.batch`` and ``update_attack.local_steps`` integers >= 1,
+  ``update_attack.stages`` among :data:`UPDATE_STAGES`.
 
   Args:
     config: a part's ConfigDict (visual, adaptive, certified, repinfer,
@@ -414,6 +417,24 @@ def check_part_config(config: Any) -> None:
     rates += [(f"variants.{variant}", r) for r in values]
   for where, rate in rates:
     defenses_lib.check_strength("soteria", rate, where)
+  levels = [(k, config[k]) for k in ("threshold", "success_ssim")
+            if k in config]
+  levels += [("thresholds", t) for t in config.get("thresholds", ())]
+  for where, level in levels:
+    if (isinstance(level, bool) or not isinstance(level, numbers.Real)
+        or not -1 < level <= 1):
+      raise ValueError(f"{where} must be an SSIM level in (-1, 1]; got "
+                       f"{level!r}.")
+  if "accuracy_window" in config:
+    check_count(config.accuracy_window, "accuracy_window", 1,
+                "the last evaluations averaged")
+  for key in ("batch", "local_steps"):
+    if key in update:
+      check_count(update[key], f"update_attack.{key}", 1)
+  for stage in update.get("stages", ()):
+    if stage not in UPDATE_STAGES:
+      raise ValueError(f"update_attack.stages must be among "
+                       f"{', '.join(UPDATE_STAGES)}; got {stage!r}.")
   tables = [("attack_budgets", config.get("attack_budgets")),
             ("update_attack.budgets", update.get("budgets"))]
   tables += [(f"panels.{name}.attack_budgets", panel.get("attack_budgets"))
@@ -427,6 +448,11 @@ def check_part_config(config: Any) -> None:
             or value < 1):
           raise ValueError(f"{where}.{family}.{key} must be an integer >= 1;"
                            f" got {value!r}.")
+
+
+# When a client's real update is attacked: at round 0, mid-training, after
+# the last round.
+UPDATE_STAGES = ("first", "mid", "final")
 
 
 # Attack budget entries that count steps (an attack of 0 steps reconstructs

@@ -583,6 +583,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   harness.check_count(config.rounds, "rounds", 1)
   for key in ("recon_images", "recon_clients"):
     harness.check_count(config[key], key, 0, "0 skips that setting")
+  for key in ("update_images", "update_steps", "recon_steps"):
+    harness.check_count(config[key], key, 1)
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
   store = harness.CellStore(os.path.join(workdir, "cells"))
