@@ -557,6 +557,9 @@ def make_round(model: models_lib.Model,
   them) when ``return_client_updates``. ``probs`` (sampling probabilities,
   one per client; None: :func:`default_probs`) is checked for its shape when
   the round is traced; :func:`check_setup` checks its values on the host.
+  ``data`` is :class:`ClientArrays` (or ``partition.pack``'s ClientData),
+  ``keys`` :func:`key_streams`; ``client_ids`` given as a host or device
+  array are checked to lie in [0, clients) before the jitted call.
 
   Args:
     model: the model.
@@ -608,7 +611,7 @@ def make_round(model: models_lib.Model,
         out_specs=P(CLIENTS_AXIS), check_vma=False)
 
   def round_fn(state, data, keys, probs=None, test=None, client_ids=None):
-    data = ClientArrays(*data)
+    data = _check_round_args(data, keys, client_ids)
     sizes_all = client_sizes(data)
     n = data.x.shape[0]
     if probs is not None and jnp.shape(probs) != (n,):
@@ -665,11 +668,12 @@ def make_round(model: models_lib.Model,
   if not jit:
     return round_fn
   jitted = jax.jit(round_fn, donate_argnums=(0,) if donate else ())
-  if mesh is None:
-    return jitted
 
   @functools.wraps(round_fn)
   def placed(state, data, keys, probs=None, test=None, client_ids=None):
+    # On the host: the jitted round sees traced client_ids (an id out of
+    # range would silently train another client) and keys.
+    _check_round_args(data, keys, client_ids)
     # Inputs on every device of the mesh before the call (a no-op for the
     # round's own outputs and for data placed once with place_on(mesh)), so
     # the round compiles once whatever the caller's arrays are.
@@ -678,7 +682,34 @@ def make_round(model: models_lib.Model,
 
   placed._cache_size = jitted._cache_size  # pylint: disable=protected-access
   placed.mesh = mesh
+  if mesh is None:  # Same arguments: ahead-of-time lowering (benchmarks).
+    placed.lower = jitted.lower
   return placed
+
+
+def _check_round_args(data: Any, keys: Any, client_ids: Any
+                      ) -> ClientArrays:
+  """A round's ``data`` as ClientArrays (also from ``partition.pack``'s
+  ClientData); one-line errors for other data, keys that are not
+  :class:`KeyStreams` and concrete ``client_ids`` outside [0, clients)."""
+  if isinstance(data, tuple):
+    data = ClientArrays(*data)
+  elif all(hasattr(data, f) for f in ClientArrays._fields):
+    data = ClientArrays(data.x, data.y, data.mask)
+  else:
+    raise ValueError("data must be ClientArrays (fedavg.as_client_arrays("
+                     f"partition.pack(...))); got {type(data).__name__}.")
+  if not isinstance(keys, KeyStreams):
+    raise ValueError("keys must be the run's key streams, "
+                     f"fedavg.key_streams(seed); got {keys!r}.")
+  if client_ids is not None and not isinstance(client_ids, jax.core.Tracer):
+    n = data.x.shape[0]
+    ids = np.asarray(client_ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or (
+        ids.size and (ids.min() < 0 or ids.max() >= n)):
+      raise ValueError(f"client_ids must be a 1-D array of integers in [0, "
+                       f"{n}); got {ids.tolist()}.")
+  return data
 
 
 def place_on(mesh: Optional[jax.sharding.Mesh], tree: Any) -> Any:

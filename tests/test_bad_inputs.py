@@ -136,6 +136,15 @@ def _check_empty_client(out) -> str:
   return "recorded: weight 0, zero delta, no step"
 
 
+def _round_call(e, jit=True, data=None, keys=None, **kw):
+  """One round of the tiny LeNet on ``env``'s 3 clients (2 per round)."""
+  config = fedavg.FedAvgConfig(clients_per_round=2)
+  round_fn = fedavg.make_round(e["model"], config, mesh=None, jit=jit)
+  return round_fn(fedavg.init(e["model"], config, KEY),
+                  e["clients"] if data is None else data,
+                  fedavg.key_streams(0) if keys is None else keys, **kw)
+
+
 def _empty_client_round(e):
   model = models.get_model("logreg", (4, 4, 1), 4)
   cfg = fedavg.FedAvgConfig(clients_per_round=2, local_steps=1)
@@ -765,6 +774,22 @@ CASES = [
                  fedavg.init(e["model"], fedavg.FedAvgConfig(), KEY),
                  e["clients"], fedavg.key_streams(0)),
          match="clients_per_round=5 is more than the 3 clients"),
+    Case("fedavg round: client_ids out of range (jitted)",
+         lambda e: _round_call(e, client_ids=jnp.array([0, 7])),
+         match=r"client_ids must be a 1-D array of integers in \[0, 3\); "
+               r"got \[0, 7\]\."),
+    Case("fedavg round: negative client_ids (eager)",
+         lambda e: _round_call(e, jit=False, client_ids=np.array([-1, 0])),
+         match=r"client_ids must be a 1-D array of integers in \[0, 3\); "
+               r"got \[-1, 0\]\."),
+    Case("fedavg round: an int for the key streams",
+         lambda e: _round_call(e, keys=0),
+         match=r"keys must be the run's key streams, fedavg\.key_streams"
+               r"\(seed\); got 0\."),
+    Case("fedavg round: data of another type",
+         lambda e: _round_call(e, data={"x": e["clients"].x}),
+         match=r"data must be ClientArrays \(fedavg\.as_client_arrays\("
+               r"partition\.pack\(\.\.\.\)\)\); got dict\."),
     Case("fedavg round: an empty client among the sampled",
          _empty_client_round, error=None, check=_check_empty_client),
     # ---- training.train_and_evaluate ------------------------------------

@@ -9,6 +9,7 @@ import pytest
 from repdef_jax import fedavg
 from repdef_jax import gradients
 from repdef_jax import models
+from repdef_jax import partition
 from repdef_jax import schedules
 from repdef_jax import training
 from repdef_jax.defenses import base as defenses_base
@@ -187,6 +188,21 @@ def test_defense_toggle_keeps_sampling_and_init(model):
     ids.append(run)
   np.testing.assert_array_equal(ids[0], ids[1])
   assert max_diff(inits[0], inits[1]) == 0
+
+
+def test_round_takes_packed_client_data_as_is(model):
+  """partition.pack's ClientData (with its sizes) runs the same round as
+  its ClientArrays."""
+  data, keys = _data(), fedavg.key_streams(4)
+  packed = partition.ClientData(np.asarray(data.x), np.asarray(data.y),
+                                np.asarray(data.mask),
+                                np.asarray(data.mask.sum(1), np.int32))
+  round_fn = _round_fn(model, "steps")
+  state = fedavg.init(model, CONFIGS["steps"], keys.init)
+  a, ma = round_fn(state, data, keys)
+  b, mb = round_fn(state, packed, keys)
+  assert max_diff(a.params, b.params) == 0
+  np.testing.assert_array_equal(ma["client_ids"], mb["client_ids"])
 
 
 def test_fixed_rows_defense_every_step_zeroes_rows(model):
