@@ -169,6 +169,27 @@ def test_own_images_resize_rule(tmp_path):
   np.testing.assert_allclose(rgb[1], np.broadcast_to([1.0, 0, 0], rgb[1].shape))
 
 
+def test_own_images_one_file_and_16_bit_grayscale(tmp_path):
+  """A single file is one image; a 16-bit grayscale PNG is scaled to 8
+  bits, not saturated by Pillow's 'L' conversion."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  ramp = (np.arange(28 * 28).reshape(28, 28) * 83).astype(np.uint16)
+  Image.fromarray(ramp).save(tmp_path / "deep.png")
+  assert Image.open(tmp_path / "deep.png").mode.startswith("I")
+  _png(tmp_path / "flat.png", np.full((28, 28), 200, np.uint8))
+  x, y, names = attack_main.load_own_images(str(tmp_path / "deep.png"),
+                                            (28, 28, 1))
+  assert names == ["deep.png"] and y is None and x.shape == (1, 28, 28, 1)
+  np.testing.assert_allclose(x[0, ..., 0], np.round(ramp / 257) / 255,
+                             atol=1e-6)
+  assert 0.0 < x.mean() < 0.9  # 83 x 783 = 64,989 <= 65,535: no saturation.
+  flat, _, _ = attack_main.load_own_images(str(tmp_path / "flat.png"),
+                                           (28, 28, 1))
+  np.testing.assert_allclose(flat, 200 / 255, atol=1e-6)
+  with pytest.raises(ValueError, match=r"cannot read missing\.png"):
+    attack_main.load_own_images(str(tmp_path / "missing.png"), (28, 28, 1))
+
+
 def test_own_images_npz_and_bad_inputs(tmp_path):
   x = np.random.default_rng(0).random((3, 28, 28)).astype(np.float32)
   np.savez(tmp_path / "ok.npz", x=x, y=np.array([1, 2, 3]))

@@ -32,5 +32,5 @@ def get_config() -> ml_collections.ConfigDict:
       {k: v for k, v in main_job.DEFAULT_CONFIG.items() if v is not None})
   c.iterations = config_dict.placeholder(int)  # None: the attack's default.
   c.data_dir = config_dict.placeholder(str)
-  c.images = config_dict.placeholder(str)  # Own images: folder or .npz.
+  c.images = config_dict.placeholder(str)  # Own images: folder, file or .npz.
   return c

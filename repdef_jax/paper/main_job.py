@@ -305,13 +305,14 @@ def load_own_images(path: str, image_shape: tuple[int, int, int]
                     ) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
   """The user's images, fitted to the model's input.
 
-  ``path`` is a folder of PNG/JPEG files (sorted by name) or an ``.npz``
-  holding ``x`` (``[N, h, w]`` or ``[N, h, w, c]``, uint8 or floats in
+  ``path`` is a folder of PNG/JPEG files (sorted by name), one such file,
+  or an ``.npz`` holding ``x`` (``[N, h, w]`` or ``[N, h, w, c]``, uint8 or floats in
   [0, 1]) and optionally integer labels ``y``. An image that is not already
   ``image_shape`` is centre-cropped to a square (its shorter side), resized
   with Pillow (area averaging, ``BOX``, when shrinking; ``BILINEAR`` when
   enlarging) and converted to grayscale (Pillow's ``L``: ITU-R 601-2 luma)
-  for a 1-channel model or RGB for a 3-channel one.
+  for a 1-channel model or RGB for a 3-channel one. 16-bit grayscale files
+  are scaled to 8 bits first (Pillow's conversion would saturate them).
 
   Returns:
     ``(x float32 [N, H, W, C] in [0, 1], y int32 [N] or None, names)``;
@@ -323,18 +324,22 @@ def load_own_images(path: str, image_shape: tuple[int, int, int]
   from PIL import Image  # pylint: disable=g-import-not-at-top
 
   labels = None
-  if os.path.isdir(path):
-    names = sorted(f for f in os.listdir(path)
-                   if f.lower().endswith(IMAGE_SUFFIXES))
+  if os.path.isdir(path) or path.lower().endswith(IMAGE_SUFFIXES):
+    if os.path.isdir(path):
+      folder = path
+      names = sorted(f for f in os.listdir(path)
+                     if f.lower().endswith(IMAGE_SUFFIXES))
+    else:
+      folder, names = os.path.dirname(path), [os.path.basename(path)]
     if not names:
       raise ValueError(f"images={path!r} holds no {'/'.join(IMAGE_SUFFIXES)} "
                        "files.")
     raw = []
     for name in names:
       try:
-        with Image.open(os.path.join(path, name)) as img:
+        with Image.open(os.path.join(folder, name)) as img:
           img.load()
-          raw.append(img.copy())
+          raw.append(_eight_bit(img.copy(), path, name))
       except OSError as error:
         raise ValueError(f"images={path!r}: cannot read {name} "
                          f"({error}).") from None
@@ -344,8 +349,9 @@ def load_own_images(path: str, image_shape: tuple[int, int, int]
         x = np.asarray(z["x"])
         labels = np.asarray(z["y"]) if "y" in z.files else None
     except (OSError, ValueError, KeyError) as error:
-      raise ValueError(f"images={path!r} must be a folder of images or an "
-                       f".npz holding 'x' (optionally 'y'): {error}") from None
+      raise ValueError(f"images={path!r} must be a folder or file of "
+                       "PNG/JPEG images or an .npz holding 'x' (optionally "
+                       f"'y'): {error}") from None
     if x.ndim == 3:
       x = x[..., None]
     if (x.ndim != 4 or min(x.shape[:3]) < 1 or x.shape[-1] not in (1, 3, 4)
@@ -377,6 +383,22 @@ def load_own_images(path: str, image_shape: tuple[int, int, int]
                        else Image.Resampling.BILINEAR)
     out[i] = np.asarray(img, np.float32).reshape(h, w, c) / 255.0
   return out, None if labels is None else labels.astype(np.int32), names
+
+
+def _eight_bit(img: Any, path: str, name: str) -> Any:
+  """``img`` with 8-bit channels: 16-bit grayscale (Pillow's 'I;16', or 'I'
+  with values in [0, 65535], as older Pillows read such PNGs) scaled by
+  1/257 and rounded; other integer or float pixels refused."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  if not (img.mode.startswith("I") or img.mode == "F"):
+    return img
+  a = np.asarray(img, np.float64)
+  if img.mode == "F" or a.min() < 0 or a.max() > 65535:
+    raise ValueError(f"images={path!r}: {name} has {img.mode!r} pixels "
+                     f"outside 16 bits ({a.min():g} to {a.max():g}); save "
+                     "it as an 8- or 16-bit PNG or a JPEG.")
+  return Image.fromarray(np.round(a / 257).astype(np.uint8))
 
 
 def table_header(config: dict) -> list[str]:
