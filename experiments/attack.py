@@ -1,6 +1,6 @@
 """Main job (`repdef-attack`): attack real images, or your own (--images=a
-folder or file of PNG/JPEG, or an .npz), with and without a defense; data sources,
-config and output schema: docs/main_job.md and docs/data.md."""
+folder or file of PNG/JPEG, or an .npz), with and without a defense; data
+sources, config and output schema: docs/main_job.md and docs/data.md."""
 
 from absl import app
 

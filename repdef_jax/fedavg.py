@@ -692,7 +692,7 @@ def _check_round_args(data: Any, keys: Any, client_ids: Any
   """A round's ``data`` as ClientArrays (also from ``partition.pack``'s
   ClientData); one-line errors for other data, keys that are not
   :class:`KeyStreams` and concrete ``client_ids`` outside [0, clients)."""
-  if isinstance(data, tuple):
+  if isinstance(data, tuple) and len(data) == len(ClientArrays._fields):
     data = ClientArrays(*data)
   elif all(hasattr(data, f) for f in ClientArrays._fields):
     data = ClientArrays(data.x, data.y, data.mask)
@@ -700,15 +700,23 @@ def _check_round_args(data: Any, keys: Any, client_ids: Any
     raise ValueError("data must be ClientArrays (fedavg.as_client_arrays("
                      f"partition.pack(...))); got {type(data).__name__}.")
   if not isinstance(keys, KeyStreams):
+    got = repr(keys) if isinstance(keys, int) else type(keys).__name__
     raise ValueError("keys must be the run's key streams, "
-                     f"fedavg.key_streams(seed); got {keys!r}.")
-  if client_ids is not None and not isinstance(client_ids, jax.core.Tracer):
-    n = data.x.shape[0]
-    ids = np.asarray(client_ids)
-    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or (
-        ids.size and (ids.min() < 0 or ids.max() >= n)):
-      raise ValueError(f"client_ids must be a 1-D array of integers in [0, "
-                       f"{n}); got {ids.tolist()}.")
+                     f"fedavg.key_streams(seed); got {got}.")
+  if client_ids is None or isinstance(client_ids, jax.core.Tracer) or (
+      isinstance(client_ids, jax.Array)
+      and not client_ids.is_fully_addressable):
+    return data
+  n = data.x.shape[0]
+  ids = np.asarray(client_ids)
+  if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError("client_ids must be a 1-D array of integers, got "
+                     f"{ids.dtype}{list(ids.shape)}.")
+  bad = ids[(ids < 0) | (ids >= n)]
+  if bad.size:
+    raise ValueError(f"client_ids must lie in [0, {n}); got "
+                     f"{bad[:5].tolist()}{' ...' if bad.size > 5 else ''} "
+                     "among them.")
   return data
 
 

@@ -16,8 +16,10 @@ normalised space and [0, 1], so every result records its space):
   pairwise clamped MSE), :func:`representation_correlation` (Pearson; space
   of the representation).
 
-Images are ``[B, H, W, C]`` or one image ``[H, W, C]``; any other rank
-raises a ValueError.
+Images are float ``[B, H, W, C]`` or one image ``[H, W, C]``; another
+rank, integer pixels (convert with ``repdef_jax.data.to_float``), a
+channels-first-looking shape (a leading axis of 1 or 3 with a last one of
+neither) and an empty batch raise a ValueError (:func:`as_images`).
 
 Non-finite reconstructions (a diverged attack) give ``mse = inf``,
 ``mse_clamped``/``psnr``/``ssim`` computed after replacing NaN by 0.5 and
@@ -43,8 +45,8 @@ _psnr = jax.jit(pix.psnr)
 _ssim = jax.jit(pix.ssim, static_argnames=("max_val", "filter_size"))
 
 
-def _as4d(x, name: str = "x"):
-  """``x`` as ``[B, H, W, C]`` float64.
+def as_images(x: Any, name: str = "x") -> np.ndarray:
+  """``x`` as ``[B, H, W, C]`` float64 (what every metric here takes).
 
   ValueError unless float images of rank 3 or 4, channels last, at least one:
   integer pixels (``data.load``'s uint8) and channels-first arrays would
@@ -54,7 +56,7 @@ def _as4d(x, name: str = "x"):
   if x.ndim not in (3, 4):
     raise ValueError(f"{name} must be images [B, H, W, C] or one image "
                      f"[H, W, C]; got shape {x.shape}.")
-  if not np.issubdtype(x.dtype, np.floating):
+  if not jnp.issubdtype(x.dtype, jnp.floating):  # (bfloat16 is one.)
     top = f" with max {x.max()}" if x.size and x.dtype != bool else ""
     raise ValueError(f"{name} must be float images in [0, 1], got "
                      f"{x.dtype}{top}; convert with "
@@ -62,7 +64,8 @@ def _as4d(x, name: str = "x"):
   c_first, c_last = x.shape[-3], x.shape[-1]
   if c_first in (1, 3) and c_last not in (1, 3):
     raise ValueError(f"{name} must be channels-last [B, H, W, C]; shape "
-                     f"{x.shape} looks channels-first (transpose it).")
+                     f"{x.shape} looks channels-first [B, C, H, W] (move the "
+                     "axis) or grayscale [B, H, W] (add one: x[..., None]).")
   x = x.astype(np.float64)
   x = x[None] if x.ndim == 3 else x
   if not len(x):
@@ -77,7 +80,7 @@ def _check_same_shape(x_rec: Any, x_true: Any) -> tuple[np.ndarray,
   Guards against NumPy broadcasting (e.g. one reconstruction against three
   true images) silently producing a per-image metric.
   """
-  x_rec, x_true = _as4d(x_rec, "x_rec"), _as4d(x_true, "x_true")
+  x_rec, x_true = as_images(x_rec, "x_rec"), as_images(x_true, "x_true")
   if x_rec.shape != x_true.shape:
     raise ValueError(f"x_rec {x_rec.shape} and x_true {x_true.shape} differ "
                      "in shape; both must be [B, H, W, C] (or one image "
@@ -178,8 +181,8 @@ def match_images(x_rec: Any, x_true: Any) -> np.ndarray:
     ``perm`` ``[B]`` such that ``x_rec[perm[i]]`` is matched to
     ``x_true[i]``, minimising the total clamped [0, 1] MSE.
   """
-  a = _sanitize(_as4d(x_rec, "x_rec"))
-  b = _sanitize(_as4d(x_true, "x_true"))
+  a = _sanitize(as_images(x_rec, "x_rec"))
+  b = _sanitize(as_images(x_true, "x_true"))
   if a.shape != b.shape:
     raise ValueError(f"x_rec {a.shape} and x_true {b.shape} differ in shape.")
   fa, fb = a.reshape(len(a), -1), b.reshape(len(b), -1)

@@ -669,12 +669,8 @@ class Model:
     """Initial parameters (the ``'params'`` collection), one jitted program
     per model (same bits as flax's eager init, compiled once instead of op
     by op; on CPU at XLA's optimisation level 1, see ``_init_params``)."""
+    check_key(rng, "rng")
     top_level = not isinstance(rng, jax.core.Tracer)  # Not inside a jit.
-    if isinstance(rng, (int, np.integer)) or (top_level and not (
-        jnp.issubdtype(jnp.asarray(rng).dtype, jax.dtypes.prng_key)
-        or jnp.shape(rng) == (2,))):
-      raise ValueError(f"rng must be a PRNG key (jax.random.key(seed)); got "
-                       f"{rng!r}.")
     if top_level and jax.default_backend() == "cpu":
       return _init_params_cpu(self, rng)
     return _init_params(self, rng)
@@ -887,6 +883,33 @@ def get_model(name: str,
     raise ValueError(f"Model {name!r} cannot take images of shape "
                      f"{input_shape} (empty representation).")
   return model
+
+
+def check_key(key: Any, name: str = "key") -> None:
+  """Raises a ValueError unless ``key`` is one PRNG key: a typed key
+  (``jax.random.key``) or a raw ``uint32`` one (``jax.random.PRNGKey``, of
+  the default implementation's shape); traced keys are not checked."""
+  if isinstance(key, jax.core.Tracer):
+    return
+  dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+  if dtype is None or not (
+      (jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()) or
+      (dtype == jnp.uint32 and
+       tuple(shape) == _raw_key_shape(jax.config.jax_default_prng_impl))):
+    got = (repr(key) if isinstance(key, (int, float, str, type(None)))
+           else f"{type(key).__name__}" + (
+               f" of shape {tuple(shape)} and dtype {dtype}"
+               if shape is not None else ""))
+    raise ValueError(f"{name} must be one PRNG key (jax.random.key(seed)); "
+                     f"got {got}.")
+
+
+@functools.cache
+def _raw_key_shape(impl: str) -> tuple[int, ...]:
+  """The shape of a raw key of JAX's default PRNG ``impl`` (``(2,)`` for
+  threefry, ``(4,)`` for rbg)."""
+  del impl  # The cache key: the shape follows the default implementation.
+  return tuple(jax.random.PRNGKey(0).shape)
 
 
 def _is_count(v: Any) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import math
+import operator
 
 import flax.struct
 import numpy as np
@@ -346,11 +347,15 @@ def _num_classes(labels: np.ndarray, num_classes: int | None) -> int:
 
 
 def _rng(seed: int) -> np.random.Generator:
-  """``np.random.default_rng(seed)``; ValueError unless an int >= 0."""
-  if (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
-      or seed < 0):
+  """``np.random.default_rng(seed)``; ValueError unless an integer >= 0
+  (any integer scalar, as :func:`repdef_jax.fedavg.key_streams` takes)."""
+  try:
+    value = None if isinstance(seed, bool) else operator.index(seed)
+  except TypeError:
+    value = None
+  if value is None or value < 0:
     raise ValueError(f"seed must be an integer >= 0, got {seed!r}.")
-  return np.random.default_rng(seed)
+  return np.random.default_rng(value)
 
 
 def _check_positive(**values: int) -> None:

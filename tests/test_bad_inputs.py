@@ -46,6 +46,7 @@ from repdef_jax.defenses import soteria
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
+from repdef_jax.paper import harness  # pylint: disable=g-import-not-at-top,wrong-import-position
 from repdef_jax.paper import main_job as attack_main  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TABLE: dict[str, str] = {}
@@ -274,8 +275,16 @@ CASES = [
          match=r"width must be an integer >= 1, got 0\."),
     Case("Model.init: an int seed",
          lambda e: e["model"].init(0),
-         match=r"rng must be a PRNG key \(jax\.random\.key\(seed\)\); "
+         match=r"rng must be one PRNG key \(jax\.random\.key\(seed\)\); "
                r"got 0\."),
+    Case("Model.init: the whole key streams",
+         lambda e: e["model"].init(fedavg.key_streams(0)),
+         match=r"rng must be one PRNG key \(jax\.random\.key\(seed\)\); "
+               r"got KeyStreams\."),
+    Case("Model.init: a batch of keys",
+         lambda e: e["model"].init(jax.random.split(e["key"], 3)),
+         match=r"rng must be one PRNG key .*got \w+ of shape \(3,\) and "
+               r"dtype key<fry>\."),
     Case("Model.apply: parameters of another model",
          lambda e: e["model"].apply(
              models.get_model("logreg", (8, 8, 1), 4).init(e["key"]), e["x"]),
@@ -588,6 +597,11 @@ CASES = [
     Case("metrics.ssim: empty batch",
          lambda e: metrics.ssim(np.zeros((0, 8, 8, 1)), np.zeros((0, 8, 8, 1))),
          match=r"x_rec is an empty batch"),
+    Case("paper.harness.attack_gradient: uint8 originals",
+         lambda e: harness.attack_gradient(
+             e["model"], e["params"], e["grads"],
+             np.full((1, 8, 8, 1), 128, np.uint8), e["y"], "dlg", e["key"]),
+         match=r"x_true must be float images in \[0, 1\], got uint8"),
     Case("metrics.representation_correlation: size mismatch",
          lambda e: metrics.representation_correlation(np.arange(3.0),
                                                       np.arange(4.0)),
@@ -776,12 +790,10 @@ CASES = [
          match="clients_per_round=5 is more than the 3 clients"),
     Case("fedavg round: client_ids out of range (jitted)",
          lambda e: _round_call(e, client_ids=jnp.array([0, 7])),
-         match=r"client_ids must be a 1-D array of integers in \[0, 3\); "
-               r"got \[0, 7\]\."),
+         match=r"client_ids must lie in \[0, 3\); got \[7\] among them\."),
     Case("fedavg round: negative client_ids (eager)",
          lambda e: _round_call(e, jit=False, client_ids=np.array([-1, 0])),
-         match=r"client_ids must be a 1-D array of integers in \[0, 3\); "
-               r"got \[-1, 0\]\."),
+         match=r"client_ids must lie in \[0, 3\); got \[-1\] among them\."),
     Case("fedavg round: an int for the key streams",
          lambda e: _round_call(e, keys=0),
          match=r"keys must be the run's key streams, fedavg\.key_streams"

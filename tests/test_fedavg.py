@@ -170,15 +170,14 @@ def test_sampling_frequencies_match_probs():
              for row in np.asarray(no_rep).tolist())
 
 
-def test_defense_toggle_keeps_sampling_and_init(model):
+def test_defense_toggle_keeps_client_sampling(model):
   data, keys = _data(), fedavg.key_streams(6)
   plain = CONFIGS["steps"]
   defended = fedavg.FedAvgConfig(**{**plain.__dict__,
                                     "defense": _fixed_rows_defense([0])})
-  ids, inits = [], []
+  ids = []
   for config in (plain, defended):
     state = fedavg.init(model, config, keys.init)
-    inits.append(state.params)
     round_fn = (_round_fn(model, "steps") if config is plain else
                 fedavg.make_round(model, config))
     run = []
@@ -187,7 +186,6 @@ def test_defense_toggle_keeps_sampling_and_init(model):
       run.append(np.asarray(m["client_ids"]))
     ids.append(run)
   np.testing.assert_array_equal(ids[0], ids[1])
-  assert max_diff(inits[0], inits[1]) == 0
 
 
 def test_round_takes_packed_client_data_as_is(model):

@@ -75,6 +75,12 @@ def test_chunked_jacobian_equals_full_jacobian(jacobian):
         fn, x, chunk=c, jacobian=jacobian))(x)
     np.testing.assert_allclose(r_c, r, rtol=1e-6)
     np.testing.assert_allclose(jac_c, jac, rtol=1e-5, atol=1e-7)
+  # Chunk 5 loops over ceil(48 / 5) = 10 row or ceil(192 / 5) = 39 column
+  # chunks; 1000 runs every pass at once (no loop).
+  text = lambda c: str(jax.make_jaxpr(lambda x: S.features_and_jacobian(
+      fn, x, chunk=c, jacobian=jacobian))(x))
+  assert f"length={10 if jacobian == 'rev' else 39}" in text(5)
+  assert "scan" not in text(1000)
 
 
 def test_exact_score_closed_form_on_linear_map():

@@ -17,11 +17,12 @@ spirit of ``optax.chain`` (each gets its own key from ``fold_in``).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from repdef_jax.models import check_key  # Re-exported: defenses check keys.
 
 Params = Any
 Info = dict[str, jax.Array]
@@ -81,28 +82,6 @@ class Defense(NamedTuple):
                key: jax.Array) -> tuple[Params, Info]:
     check_key(key)
     return jax.jit(self.apply)(grads, batch, key)
-
-
-def check_key(key: Any) -> None:
-  """Raises a ValueError unless ``key`` is one PRNG key: a typed key
-  (``jax.random.key``) or a raw ``uint32`` one (``jax.random.PRNGKey``)."""
-  if isinstance(key, jax.core.Tracer):
-    return
-  dtype, shape = getattr(key, "dtype", None), jnp.shape(key)
-  if dtype is None or not (
-      (jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()) or
-      (dtype == jnp.uint32 and
-       shape == _raw_key_shape(jax.config.jax_default_prng_impl))):
-    raise ValueError("key must be one PRNG key (jax.random.key(seed)); got "
-                     f"{key!r}.")
-
-
-@functools.cache
-def _raw_key_shape(impl: str) -> tuple[int, ...]:
-  """The shape of a raw key of JAX's default PRNG ``impl`` (``(2,)`` for
-  threefry, ``(4,)`` for rbg)."""
-  del impl  # The cache key: the shape follows the default implementation.
-  return tuple(jax.random.PRNGKey(0).shape)
 
 
 def identity() -> Defense:

@@ -29,8 +29,9 @@ Assumptions and caveats (stated, not hidden):
   * ``sigma_max(J)`` is computed exactly from the SVD of the full Jacobian
     (cheap for logistic regression, the leakage CNN and LeNet; for ConvNet64
     pass ``chunk``: its ``B x 2,304`` backward passes at once would hold
-    ~170 GiB); :func:`spectral_norm_power` offers a matrix-free alternative
-    for large ``D``.
+    ~170 GiB; in forward mode, where D < F, it bounds the pushforwards);
+    :func:`spectral_norm_power` offers a matrix-free alternative for large
+    ``D``.
 
 For a reconstruction that an attack actually found, whatever its
 representation, the same argument gives the checkable first-order statement
@@ -55,7 +56,9 @@ def jacobian_spectral_norms(features_fn: Callable[[jax.Array], jax.Array],
                             x: jax.Array, chunk: int | None = None
                             ) -> tuple[jax.Array, jax.Array]:
   """Per-example ``r [B, F]`` and ``||dr/dX||_2`` ``[B]`` (top singular
-  value); ``chunk``: Jacobian rows at a time (memory; same numbers)."""
+  value); ``chunk``: Jacobian rows, or in forward mode (picked where the
+  input is smaller than the representation) input pixels, at a time
+  (memory; same numbers)."""
   r, jac = soteria_lib.features_and_jacobian(features_fn, x, chunk=chunk)
   sigma = jax.vmap(lambda j: jnp.linalg.svd(j, compute_uv=False)[0])(jac)
   return r, sigma
@@ -104,7 +107,7 @@ def certified_bound_fn(features_fn: Callable[[jax.Array], jax.Array],
     x: images ``[B, ...]``.
     keep_mask: ``[F]`` (one mask for the batch) or ``[B, F]`` keep-mask;
       ``r' = r * keep_mask``.
-    chunk: Jacobian rows at a time (:func:`jacobian_spectral_norms`).
+    chunk: Jacobian rows or pixels at a time (:func:`jacobian_spectral_norms`).
     sigma: ``[B]`` spectral norms of these images' Jacobians, as
       :func:`jacobian_spectral_norms` gives them; pass them to bound the
       same images under several masks without a Jacobian and SVD each time.
@@ -140,7 +143,7 @@ def certified_bound(model: models_lib.Model, params: Params, x: jax.Array,
     params: its parameters.
     x: images ``[B, H, W, C]``.
     keep_mask: the Soteria keep-mask ``[F]`` (or ``[B, F]``).
-    chunk: Jacobian rows at a time (:func:`jacobian_spectral_norms`).
+    chunk: Jacobian rows or pixels at a time (:func:`jacobian_spectral_norms`).
     sigma: precomputed spectral norms (see :func:`certified_bound_fn`).
 
   Returns:

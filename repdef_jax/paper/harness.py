@@ -184,7 +184,7 @@ def attack_gradient(model: models_lib.Model, params: Params, shared: Params,
     after Hungarian matching); ``x_rec`` matched to ``x_true``'s order.
   """
   attack = attacks_lib.get_attack(attack_name)
-  x_true = np.asarray(x_true, np.float32)
+  x_true = metrics_lib.as_images(x_true, "x_true").astype(np.float32)
   labels = np.asarray(labels, np.int32)
   start = time.perf_counter()
   res = attacks_lib.to_host(attack(
@@ -208,7 +208,7 @@ def measure(res: attacks_lib.AttackResult, x_true: Any, labels: Any,
   Returns:
     ``(metrics, x_rec)`` as :func:`attack_gradient`.
   """
-  x_true = np.asarray(x_true, np.float32)
+  x_true = metrics_lib.as_images(x_true, "x_true").astype(np.float32)
   m = metrics_lib.reconstruction_metrics(res.x_rec, x_true)
   x_rec = np.asarray(res.x_rec)[m["perm"]]
   with np.errstate(over="ignore", invalid="ignore"):

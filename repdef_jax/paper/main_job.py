@@ -306,13 +306,13 @@ def load_own_images(path: str, image_shape: tuple[int, int, int]
   """The user's images, fitted to the model's input.
 
   ``path`` is a folder of PNG/JPEG files (sorted by name), one such file,
-  or an ``.npz`` holding ``x`` (``[N, h, w]`` or ``[N, h, w, c]``, uint8 or floats in
-  [0, 1]) and optionally integer labels ``y``. An image that is not already
-  ``image_shape`` is centre-cropped to a square (its shorter side), resized
-  with Pillow (area averaging, ``BOX``, when shrinking; ``BILINEAR`` when
-  enlarging) and converted to grayscale (Pillow's ``L``: ITU-R 601-2 luma)
-  for a 1-channel model or RGB for a 3-channel one. 16-bit grayscale files
-  are scaled to 8 bits first (Pillow's conversion would saturate them).
+  or an ``.npz`` holding ``x`` (``[N, h, w]`` or ``[N, h, w, c]``, uint8 or
+  floats in [0, 1]) and optionally integer labels ``y``. An image that is not
+  already ``image_shape`` is centre-cropped to a square (its shorter side),
+  resized with Pillow (area averaging, ``BOX``, when shrinking; ``BILINEAR``
+  when enlarging) and converted to grayscale (Pillow's ``L``: ITU-R 601-2
+  luma) for a 1-channel model or RGB for a 3-channel one. 16-bit grayscale
+  files are scaled to 8 bits first (Pillow's conversion would saturate them).
 
   Returns:
     ``(x float32 [N, H, W, C] in [0, 1], y int32 [N] or None, names)``;
