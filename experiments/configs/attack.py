@@ -9,13 +9,13 @@ r"""The main job: one attack on real images, with and without one defense.
 Defaults: DLG (300 x 20 L-BFGS iterations with a backtracking line search,
 ``dlg_optimizer='linesearch'``) on DLG's LeNet with U(-0.5, 0.5) weights,
 three CIFAR-10 test images, Soteria pruning 60 % of the representation.
-Measured with seed 0 (test images 55, 16, 189): the README's table,
+Measured with seed 0 (test images 72, 11, 20): the README's table,
 generated from docs/results/main_job/results.json; undefended DLG
 reconstructs all three (SSIM >= 0.99) and against Soteria all three fail
-(SSIM <= 0.05), none diverged. With the paper's rule
-(``--dlg_optimizer=torch``, no line search) undefended DLG fails on most of
-them; which ones depends on the CPU's float rounding (the README gives a
-measurement). Images: a prepared TFDS copy, else a download,
+(SSIM <= 0.07), none diverged. With the paper's rule
+(``--dlg_optimizer=torch``, no line search) undefended DLG fails on some of
+them (one of three in docs/results/main_job/dlg_optimizer_torch); which ones
+depends on the CPU's float rounding. Images: a prepared TFDS copy, else a download,
 else the 256-image sample shipped in the package (docs/data.md). Outputs and
 schema: docs/main_job.md.
 """

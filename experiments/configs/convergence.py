@@ -34,7 +34,7 @@ hides is the input itself. Hence both 10 % (about half of an image's
 non-zero pixels pruned) and 80 % are run.
 
 Theorem 2's schedule instead of a constant lr: add
---config.base.lr_schedule=theorem2 (mu = l2; L = max ||x||^2 / 2 + l2 is
+--config.base.lr_schedule=theorem2 (mu = l2; L = (max ||x||^2 + 1) / 2 + l2 is
 computed from the data when base.smoothness is 0).
 """
 

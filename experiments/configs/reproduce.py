@@ -4,7 +4,8 @@ r"""Every experiment of the paper, then REPORT.md.
       --data_dir=$TFDS_DATA_DIR
 
 Presets: quick (a smoke run), medium (the claims over 3 seeds on a 2-core
-CPU), full (paper scale, GPU/TPU), tiny (tests, with --mock_data).
+CPU), full (paper scale, GPU/TPU), tiny (tests, with --mock_data=N, N mock
+examples per split).
 --parts=tradeoff,visual runs a subset; --report_only rewrites the report;
 --publish=docs/results copies the results and the report there (no cells or
 checkpoints); --readme=README.md also refreshes the README's results block.
