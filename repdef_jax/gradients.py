@@ -292,6 +292,12 @@ def check_finite(tree: Any, name: str = "grads") -> None:
                        f"{jax.tree_util.keystr(path)}.")
 
 
+def all_finite(tree: Any) -> bool:
+  """Whether every leaf of ``tree`` is finite (host side; fetches one bool
+  per leaf, not the arrays)."""
+  return all(jax.device_get(_leaves_finite(jax.tree_util.tree_leaves(tree))))
+
+
 @jax.jit
 def _leaves_finite(leaves: list[jax.Array]) -> list[jax.Array]:
   return [jnp.all(jnp.isfinite(leaf)) for leaf in leaves]

@@ -59,6 +59,7 @@ import orbax.checkpoint as ocp
 from repdef_jax import data as data_lib
 from repdef_jax import distributed
 from repdef_jax import fedavg
+from repdef_jax import gradients
 from repdef_jax import storage
 from repdef_jax import models as models_lib
 from repdef_jax import partition as partition_lib
@@ -704,9 +705,8 @@ def _train(config, workdir, saver, model, fcfg, state, data, test, keys,
   for r in range(start, config.rounds):
     state, metrics = round_fn(state, data, keys, test=test)
     metrics = jax.device_get(metrics)
-    finite = bool(np.isfinite(metrics["train_loss"])) and all(
-        bool(np.all(np.isfinite(leaf))) for leaf in
-        jax.tree_util.tree_leaves(jax.device_get(state.params)))
+    finite = (bool(np.isfinite(metrics["train_loss"]))
+              and gradients.all_finite(state.params))
     record = {"round": r + 1}
     for k, v in metrics.items():
       if k in ("client_ids", "weights"):

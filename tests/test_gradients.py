@@ -137,6 +137,11 @@ def test_grad_checks_name_the_problem(setup):
   nan["conv1"]["kernel"] = nan["conv1"]["kernel"].at[0].set(jnp.nan)
   with pytest.raises(ValueError, match="NaN or inf at .*conv1"):
     gradients.check_finite(nan)
+  assert not gradients.all_finite(nan)
+  inf = jax.tree_util.tree_map(jnp.zeros_like, params)
+  inf["head"]["bias"] = inf["head"]["bias"].at[-1].set(-jnp.inf)
+  assert not gradients.all_finite(inf)
+  assert gradients.all_finite(params)
   with pytest.raises(ValueError, match="integer class ids"):
     gradients.cross_entropy(jnp.zeros((2, 3)), jnp.zeros((2,)))
 

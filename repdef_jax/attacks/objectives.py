@@ -27,6 +27,13 @@ et al., CVPR 2021), which perturbs only the defended layer
   mask to the trial gradient (GGL, Li et al., "Auditing Privacy Defenses in
   Federated Learning via Generative Gradient Leakage", CVPR 2022).
 
+Departures: both papers' attacks bring more than the view. Balunovic et al.
+pair the dropped layer with their Bayesian image prior, and GGL searches the
+latent space of a GAN generator with gradient-free optimisers; here only the
+view is taken over and added to DLG's and GS's own objectives and priors (no
+learned prior, no generator), which is what the project's adaptive attacks
+run (``dlg_drop``, ``gs_mask``, ...).
+
 Both are expressed as elementwise 0/1 weights applied to *both* gradients
 (:func:`view_weights`), computed only from what the server sees (the shared
 gradient and the model). Zeroing an entry in both gradients removes it from

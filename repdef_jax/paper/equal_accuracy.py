@@ -21,6 +21,12 @@ These statistics were fixed before any result was looked at
   involved). Never a maximum.
 * The *accuracy drop* at a threshold: undefended accuracy minus the accuracy
   of the defense's first protective point, paired by seed, t interval.
+
+Pixel space: the privacy metrics are the points' own (the trade-off part
+records ``mse_clamped`` and ``ssim`` of reconstructions clamped to [0, 1],
+:mod:`repdef_jax.metrics`). The paper's MSE is against the raw image and
+unclamped (a diverged reconstruction makes it unbounded), so its 160x and
+these ratios are ratios of different statistics.
 """
 
 from __future__ import annotations

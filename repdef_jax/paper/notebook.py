@@ -10,7 +10,9 @@
 
 Data: real images through :mod:`repdef_jax.data` (a prepared TFDS copy, else
 a download of the original archives), the embedded sample when neither is
-possible (offline); the notebooks print which.
+possible (offline); the notebooks print which. Metrics and titles: MSE
+(``mse_clamped``), PSNR and SSIM of reconstructions clamped to [0, 1], the
+space of :mod:`repdef_jax.metrics`.
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ def show_rows(result: dict[str, Any], path: str | None = None) -> None:
   """Displays (or saves) the original and each setting's reconstruction."""
   images = [result["image"]] + [r[1] for r in result["rows"]]
   titles = ["original"] + [
-      f"{r[0]}\nmse {r[2]['mse_clamped']:.3f} ssim {r[2]['ssim']:.2f}"
+      f"{r[0]}\nmse {r[2]['mse_clamped']:.3f} ssim {r[2]['ssim']:.2f} "
+      "([0,1])"
       for r in result["rows"]]
   if path is not None:
     harness.save_image_grid(path, [images], ["images"], [titles])
