@@ -492,6 +492,8 @@ class AuditingFedAvg(FedAvg):
 
   def aggregate_train(self, server_round, replies):
     replies = list(replies)
+    # One attack per client, in turn: clients attack with their own image
+    # counts (one program each), and each record is written as it ends.
     audited = [self._audit(server_round, i, m)
                for i, m in enumerate(r for r in replies if not r.has_error())
                if self.max_audits_per_round is None
@@ -565,6 +567,8 @@ class AuditingFedAvg(FedAvg):
     layer = self.model.fc_layers[-1]  # The input of the defended layer.
     classes = sorted(reps)
     fn = repinfer.jitted_reconstruction(self.model, self.repinfer_steps)
+    # One compiled program for every class; the number of inferred classes
+    # changes from update to update (a vmap would compile per count).
     images = [np.asarray(fn(params, jnp.asarray(reps[c][layer]),
                             key=jax.random.fold_in(key, c))[0])
               for c in classes]
