@@ -704,6 +704,10 @@ def test_adaptive_table_gives_the_undefended_success_rate(tmp_path):
   storage.write_json(path, {"rows": rows, "tables": []})
   assert adaptive.refresh_tables(path)["tables"] == [t]
   assert storage.read_json(path)["tables"] == [t]
+  # Diverged attacks are counted on the row (left out of its mean).
+  defended["diverged"] = 2
+  assert adaptive.table(rows)["rows"][1][-1] == (
+      "0.1 [0, 0.2] n/a (attack fails undefended) (2 div)")
 
 
 def test_batched_summary_median_and_mean_of_finite_values():

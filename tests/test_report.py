@@ -271,3 +271,22 @@ def test_readme_replication_block_is_the_committed_json_rendered():
   assert f"`{source}/{replication.JSON_FILE}`" in block
   result = storage.read_json(os.path.join(ROOT, source, replication.JSON_FILE))
   assert block == replication.readme_block(result, source)
+
+
+def test_each_part_states_its_attack_budgets(tmp_path):
+  """A part's section names the budgets its config recorded: the shared
+  ones, a panel's overrides and the real-update attacks'."""
+  config = {"attack_budgets": {"dlg": {"outer_steps": 30, "inner_steps": 20},
+                               "gs": {"iterations": 500, "restarts": 2}},
+            "panels": {"p": {"attack_budgets": {
+                "gs": {"iterations": 2000, "tv_weight": 0.1}}}},
+            "update_attack": {"budgets": {"gs": {"iterations": 16000}},
+                              "unroll": True}}
+  text = report.render({"visual": {"claims": [], "config": config}},
+                       workdir=str(tmp_path), report_dir=str(tmp_path))
+  section = text.split(f"## {report.PARTS['visual'][0]}")[1]
+  assert ("Attack budgets (DLG-type: outer x inner L-BFGS steps; GS: "
+          "iterations): dlg 30 x 20; gs 500 x 2 restarts; p: gs 2000 "
+          "(tv_weight 0.1); real updates: gs 16000 (unrolled). The paper's: "
+          "DLG 300 x 20, GS 24,000 x 2 restarts.") in section
+  assert report.attack_budgets_line({}) == ""

@@ -292,6 +292,8 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
     rate = a.get("undefended_success_rate")
     if a["verdict"] == "undefended" and rate is not None:
       text += f" (success {report_lib.fmt(rate)})"
+    if a.get("diverged"):
+      text += f" ({a['diverged']} div)"
     return text
 
   out = []
@@ -310,7 +312,9 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
                    "*_drop, *_mask attack and the best of them; "
                    "'(success x)' on an undefended row: the share of its "
                    "images the attack reconstructs (SSIM >= the success "
-                   "level), below 0.5 the defended rows get no verdict",
+                   "level), below 0.5 the defended rows get no verdict; "
+                   "'(k div)': k images whose attack diverged, left out of "
+                   "the mean (a failure of the attack, not of the defense)",
           "header": ["panel", "stage", "variant", "rate %", "pruned %",
                      "attacks", "plain", "drop", "mask",
                      "best"][:6 + width],

@@ -162,14 +162,74 @@ def convergence_setting(base: dict[str, Any],
           "200 rounds on MNIST)")
 
 
+PAPER_BUDGETS = "DLG 300 x 20, GS 24,000 x 2 restarts"
+
+
+def _budget(family: str, b: dict[str, Any]) -> str:
+  """One family's budget, e.g. 'dlg 30 x 20' or 'gs 500 x 1 restart'."""
+  if "outer_steps" in b or "inner_steps" in b:
+    text = f"{family} {b.get('outer_steps', '?')} x {b.get('inner_steps', '?')}"
+  else:
+    text = f"{family} {b.get('iterations', '?')}"
+  if b.get("restarts") not in (None, 1):
+    text += f" x {b['restarts']} restarts"
+  extra = [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+           for k, v in sorted(b.items())
+           if k not in ("outer_steps", "inner_steps", "iterations",
+                        "restarts")]
+  return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+def attack_budgets_line(config: dict[str, Any]) -> str:
+  """The attack budgets a part ran, from its recorded config ('' if none):
+  the shared ones, each panel's overrides and the real-update attacks'."""
+  def fmt(table):
+    return "; ".join(_budget(f, b or {}) for f, b in sorted(table.items()))
+  parts = []
+  if config.get("attack_budgets"):
+    parts.append(fmt(config["attack_budgets"]))
+  for name, panel in sorted((config.get("panels") or {}).items()):
+    if (panel or {}).get("attack_budgets"):
+      parts.append(f"{name}: {fmt(panel['attack_budgets'])}")
+  update = config.get("update_attack") or {}
+  if update.get("budgets"):
+    parts.append(f"real updates: {fmt(update['budgets'])}"
+                 + (" (unrolled)" if update.get("unroll") else ""))
+  if not parts:
+    return ""
+  return (f"Attack budgets (DLG-type: outer x inner L-BFGS steps; GS: "
+          f"iterations): {'; '.join(parts)}. The paper's: {PAPER_BUDGETS}.")
+
+
+def repinfer_setting(c: dict[str, Any]) -> str:
+  """The representation-leakage part's setting, from its recorded config."""
+  return (f"inference on {c.get('model')} / {c.get('dataset')}: "
+          f"{c.get('rounds')} FedAvg rounds, {c.get('clients_per_round')} of "
+          f"{c.get('num_clients')} devices per round, each "
+          f"{c.get('classes_per_client')} classes x "
+          f"{c.get('samples_per_class')} samples, {c.get('local_epochs')} "
+          f"local epoch(s) of batch {c.get('batch_size')}, lr {c.get('lr')}; "
+          f"reconstruction from inferred representations on "
+          f"{c.get('recon_model')} ({c.get('recon_steps')} L-BFGS steps; "
+          f"{c.get('recon_images')} one-image gradients and "
+          f"{c.get('recon_clients')} client updates of "
+          f"{c.get('update_images')} images, {c.get('update_steps')} local "
+          f"steps, per seed)")
+
+
 def _section(part: str, res: dict[str, Any]) -> list[str]:
   lines = []
   if part == "convergence" and res.get("base"):
     setting = convergence_setting(res["base"], res.get("settings", []))
     lines += [f"Setting: {setting}.", "",
               f"Intervals: {SEED_VALUES_RULE}.", ""]
+  if part == "repinfer" and res.get("config"):
+    lines += [f"Setting: {repinfer_setting(res['config'])}.", ""]
   if res.get("pixel_space"):
     lines += [f"Pixel space: {res['pixel_space']}.", ""]
+  budgets = attack_budgets_line(res.get("config") or {})
+  if budgets:
+    lines += [budgets, ""]
   if interval_rule(part, res):
     lines += [f"Intervals: {interval_rule(part, res)}.", ""]
   if res.get("claims"):
@@ -197,12 +257,13 @@ def render(results: dict[str, dict | None], *, workdir: str,
   runs = runs or {}
   lines = [f"# {title}", "",
            f"Preset: `{preset or '?'}`. Paper: Sun et al., CVPR 2021 "
-           "(arXiv 2012.06043). Every number below was measured by this run "
-           "and is rendered from the parts' JSON; the column *paper* quotes "
-           "the paper. Statistics, intervals and verdict rules: "
-           "docs/evaluation.md (fixed before the run; the interval rule was "
-           "revised on 2026-12-05 for a statistical reason, and each part "
-           "says which rule its intervals follow).", ""]
+           "(arXiv 2012.06043). Every number below is rendered from the "
+           "parts' JSON (the runs that wrote it: the Runs table; what a part "
+           "reused from an earlier run: docs/evaluation.md); the column "
+           "*paper* quotes the paper. Statistics, intervals and verdict "
+           "rules: docs/evaluation.md (written before the runs; each later "
+           "change is dated there with its reason, and each part says which "
+           "interval rule it follows).", ""]
   lines += ["## Verdicts", ""] + claims_table(all_claims(results),
                                               with_statistic=False)
   rows = []
