@@ -290,3 +290,17 @@ def test_each_part_states_its_attack_budgets(tmp_path):
           "(tv_weight 0.1); real updates: gs 16000 (unrolled). The paper's: "
           "DLG 300 x 20, GS 24,000 x 2 restarts.") in section
   assert report.attack_budgets_line({}) == ""
+
+
+def test_verdicts_table_marks_a_ratio_of_one_measured_point():
+  """Without its statistic column, the verdicts table still says when a
+  'median' ratio rests on one measured point."""
+  claim = {"claim": "c", "paper": "> 160x", "value": 2.0, "low": 1.0,
+           "high": 3.0, "verdict": "did not hold",
+           "statistic": "median over 1 measured points of the ratio"}
+  text = lambda **kw: "\n".join(report.claims_table([claim], **kw))  # noqa: E731
+  assert "| 2 [1, 3] (one measured point) | did not hold |" in text(
+      with_statistic=False)
+  assert "(one measured point)" not in text()  # The column says it.
+  claim["statistic"] = "median over 3 measured points of the ratio"
+  assert "(one measured point)" not in text(with_statistic=False)

@@ -106,8 +106,11 @@ def claims_table(claims: list[dict[str, Any]], *,
   header += ["verdict"]
   rows = []
   for c in claims:
-    row = [c["claim"], c["paper"],
-           fmt_value_interval(c)]
+    value = fmt_value_interval(c)
+    if not with_statistic and str(c.get("statistic", "")).startswith(
+        "median over 1 measured point"):
+      value += " (one measured point)"  # The statistic column says so.
+    row = [c["claim"], c["paper"], value]
     row += [c["statistic"]] if with_statistic else []
     rows.append(row + [c["verdict"]])
   return table(header, rows)
