@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from typing import Any, Iterator
 
@@ -93,6 +94,18 @@ def write_bytes(path: str, data: bytes) -> None:
   with _atomic_path(path) as tmp:
     with open(tmp, "wb") as f:
       f.write(data)
+
+
+def remove_tree(path: str) -> None:
+  """Deletes the folder ``path`` as one step: it is renamed away first, so a
+  kill mid-delete leaves ``path`` absent (never half deleted) and a
+  ``path + '.deleting'`` folder that the next call for ``path`` removes."""
+  trash = path.rstrip(os.sep) + ".deleting"
+  shutil.rmtree(trash, ignore_errors=True)
+  if os.path.exists(path):
+    os.replace(path, trash)
+    _fsync(os.path.dirname(os.path.abspath(path)), folder=True)
+  shutil.rmtree(trash, ignore_errors=True)
 
 
 def write_text(path: str, text: str) -> None:

@@ -7,6 +7,7 @@ ServerApp, ClientApp, mods and message serialization, without Ray); the
 slow test runs the example app on Flower's deployment engine.
 """
 
+import json
 import os
 import shutil
 import socket
@@ -409,6 +410,24 @@ def test_example_app_on_flower_deployment_engine(fl, tmp_path):
         p.kill()
     for name, path in logs:
       print(f"---- {name}\n{open(path).read()[-3000:]}")
+
+
+def test_restarted_auditor_keeps_the_earlier_records(fl, tmp_path):
+  """A server killed mid-run leaves audit.jsonl; a new auditor on the same
+  workdir appends to its records (the first audit used to overwrite them)
+  and refuses a log written by another attack or seed."""
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  earlier = [{"round": r, "client": 0, "attack": "dlg", "seed": 0}
+             for r in (1, 2)]
+  (tmp_path / "audit.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in earlier))
+  strategy = fl.AuditingFedAvg(model, "dlg", client_lr=0.1,
+                               workdir=str(tmp_path))
+  assert strategy.audit_log == earlier
+  for kw in ({"attack": "gs"}, {"attack": "dlg", "seed": 3}):
+    with pytest.raises(ValueError, match=r"holds an audit by attack 'dlg', "
+                       r"seed 0; this one is .*use another workdir"):
+      fl.AuditingFedAvg(model, client_lr=0.1, workdir=str(tmp_path), **kw)
 
 
 def test_audit_key_is_its_own_stream(fl):

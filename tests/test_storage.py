@@ -162,3 +162,15 @@ def test_compilation_cache_folder_argument_environment_and_off(
   blocker.write_text("x")
   assert storage.enable_compilation_cache(str(blocker / "sub")) is None
   assert not updates
+
+
+def test_remove_tree_renames_first_and_clears_a_killed_removal(tmp_path):
+  """The folder disappears in one rename; what a killed removal left (the
+  renamed folder) is deleted by the next call, and absence is no error."""
+  run = tmp_path / "run"
+  (run / "checkpoints" / "7").mkdir(parents=True)
+  (run / "config.json").write_text("{}")
+  (tmp_path / "run.deleting" / "old").mkdir(parents=True)  # A killed one.
+  storage.remove_tree(str(run))
+  assert sorted(os.listdir(tmp_path)) == []
+  storage.remove_tree(str(run))  # Nothing there: no error.

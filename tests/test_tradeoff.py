@@ -836,6 +836,14 @@ def test_train_cell_past_the_middle_without_its_snapshot_starts_again(
   legs.clear()  # Now with its mid snapshot: only the second leg runs.
   tradeoff.train_cell(config, panel, "soteria", 60.0, str(run_dir), True)
   assert legs == [50]
+  # Resumed with other rounds (60: mid 30, the checkpoint still past it):
+  # the snapshot holds round 25, not 30, so the run starts again.
+  legs.clear()
+  panel.train_config.rounds = 60
+  tradeoff.train_cell(config, panel, "soteria", 60.0, str(run_dir), True)
+  assert legs == [30, 60]
+  assert storage.read_json(str(run_dir / "params_mid.msgpack.json")) == {
+      "round": 30}
 
 
 def test_a_skipped_update_cell_is_attacked_again_once_its_snapshot_exists(

@@ -409,7 +409,9 @@ class AuditingFedAvg(FedAvg):
   SSIM in the [0, 1] pixel space, the models' input space). Records go to
   :attr:`audit_log`, to ``<workdir>/audit.jsonl`` and, with images, to
   ``<workdir>/round_<r>_client_<id>.png``; the round's means are added to
-  the aggregated train metrics as ``audit/<metric>``.
+  the aggregated train metrics as ``audit/<metric>``. A server restarted on
+  the same workdir appends to the records it finds there (written by the
+  same attack and seed; another's are refused).
 
   ``attack`` is a name of :data:`repdef_jax.attacks.ATTACK_NAMES` ('dlg',
   'gs', the adaptive 'dlg_drop' / 'gs_mask' ...) or 'repinfer'
@@ -485,6 +487,24 @@ class AuditingFedAvg(FedAvg):
     self._sent: dict[int, ArrayRecord] = {}
     if workdir:
       os.makedirs(workdir, exist_ok=True)
+      self.audit_log = self._earlier_audits()
+
+  def _earlier_audits(self) -> list[dict[str, Any]]:
+    """The records a killed server left in ``workdir/audit.jsonl``: kept (a
+    restart appends to them), unless another attack or seed wrote them."""
+    path = os.path.join(self.workdir, "audit.jsonl")
+    if not os.path.exists(path):
+      return []
+    with open(path, encoding="utf-8") as f:
+      records = [json.loads(line) for line in f if line.strip()]
+    for r in records:
+      if (r.get("attack"), r.get("seed", self.seed)) != (self.attack,
+                                                         self.seed):
+        raise ValueError(
+            f"workdir {self.workdir!r} holds an audit by attack "
+            f"{r.get('attack')!r}, seed {r.get('seed')}; this one is "
+            f"{self.attack!r}, seed {self.seed}: use another workdir.")
+    return records
 
   def configure_train(self, server_round, arrays, config, grid):
     self._sent = {server_round: arrays}  # The global model of this round.
@@ -524,7 +544,7 @@ class AuditingFedAvg(FedAvg):
     ident = pid if pid is not None else index
     key = audit_key(self.seed, server_round, ident)
     record = {"round": server_round, "client": ident, "attack": self.attack,
-              "node_id": int(reply.metadata.src_node_id)}
+              "seed": self.seed, "node_id": int(reply.metadata.src_node_id)}
     if self.attack == REPINFER:
       x_rec, classes = self._repinfer(params, update, key)
       record["classes"] = classes

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import shutil
 import time
 from typing import Any, Iterator, Sequence
 
@@ -111,6 +110,15 @@ def _snapshot_path(run_dir: str, stage: str) -> str:
   return os.path.join(run_dir, f"params_{stage}.msgpack")
 
 
+def _snapshot_round(run_dir: str, stage: str) -> int | None:
+  """The round a stage's snapshot holds (None: no snapshot, or one written
+  before its round was recorded)."""
+  if not os.path.exists(_snapshot_path(run_dir, stage)):
+    return None
+  return storage.read_json(_snapshot_path(run_dir, stage) + ".json",
+                           {}).get("round")
+
+
 def train_cell(config, panel: _Panel, defense: str, strength: float,
                run_dir: str, snapshots: bool) -> dict[str, Any]:
   """Defended FedAvg; accuracy = mean of the last ``accuracy_window`` evals.
@@ -125,18 +133,22 @@ def train_cell(config, panel: _Panel, defense: str, strength: float,
   for stage, upto in zip(("mid", "final")[-len(legs):], legs):
     if stage == "mid" and (training.latest_checkpoint_round(run_dir) or
                            0) > upto:
-      if os.path.exists(_snapshot_path(run_dir, "mid")):
+      if _snapshot_round(run_dir, "mid") == upto:
         continue  # Killed in the second leg: resume that leg, not the first.
-      # Past the middle with no mid snapshot (a run that kept none, or a
-      # copied folder): train again from round 0 (same seed, same numbers).
-      logging.warning("%s: no mid snapshot past round %d; retraining.",
+      # Past the middle with no mid snapshot of this round (a run that kept
+      # none, a copied folder, or one begun with other rounds): train again
+      # from round 0 (same seed, same numbers).
+      logging.warning("%s: no mid snapshot of round %d; retraining.",
                       run_dir, upto)
-      shutil.rmtree(run_dir, ignore_errors=True)
+      storage.remove_tree(run_dir)
     result = _train(config, panel, defense, strength, run_dir, upto)
     if snapshots and result.get("diverged_at_round") is None:
       storage.write_bytes(_snapshot_path(run_dir, stage),
                           flax.serialization.to_bytes(
                               jax.device_get(result["state"].params)))
+      # The round it holds, written after it (no sidecar: not trusted).
+      storage.write_json(_snapshot_path(run_dir, stage) + ".json",
+                         {"round": upto})
   recs = result["metrics"]
   acc = [float(r["test_accuracy"]) for r in recs if "test_accuracy" in r]
   out = {"accuracy": float(np.mean(acc[-config.accuracy_window:])),
@@ -292,7 +304,7 @@ def _drop_if_snapshots_lost(store: harness.CellStore, name: str,
     return
   logging.warning("%s: snapshots missing under %s; retraining.", name,
                   run_dir)
-  shutil.rmtree(run_dir, ignore_errors=True)
+  storage.remove_tree(run_dir)
   os.remove(store.path(name))
 
 
