@@ -202,6 +202,26 @@ def test_a_non_default_added_key_is_a_setting(tmp_path):
         {"train": {"soteria_q": "q1"}}))
 
 
+def test_a_cell_computed_on_another_copy_of_the_data_is_refused(tmp_path):
+  """A run resumed on another copy of a dataset (its images in another
+  order) refuses the cells it finished on the first copy; cells stored
+  before the fingerprint was recorded are reused."""
+  store = harness.CellStore(str(tmp_path))
+  tfds = harness.data_fingerprint("tfds", np.array([3, 1, 4]))
+  download = harness.data_fingerprint("download", np.array([1, 3, 4]))
+  assert tfds["sha256"] != download["sha256"]
+  assert harness.data_fingerprint("tfds", np.array([3, 1, 4])) == tfds
+  store.get_or_run("c", lambda: {"v": 1}, None, {"lr": 1}, data=tfds)
+  assert store.get("c")["data"] == tfds
+  assert store.get_or_run("c", dict, None, {"lr": 1}, data=tfds)["v"] == 1
+  with pytest.raises(ValueError, match=r"computed with other settings "
+                     r"\(data: .*'tfds'.* -> .*'download'"):
+    store.get_or_run("c", dict, None, {"lr": 1}, data=download)
+  store.put("old", {"v": 2, "settings": {"lr": 1}})  # No fingerprint.
+  assert store.get_or_run("old", dict, None, {"lr": 1}, data=download)[
+      "v"] == 2
+
+
 def test_a_cell_of_an_older_key_scheme_is_refused(tmp_path):
   """A cell that draws from the sweep's streams records the key scheme; one
   stored before it (scheme 1, no record) is refused, not mixed in."""

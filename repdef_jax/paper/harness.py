@@ -9,6 +9,7 @@ inside a computation.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import numbers
 import os
@@ -540,6 +541,19 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
                                 f"{new!r}"]
 
 
+def data_fingerprint(source: str, *arrays: Any) -> dict[str, Any]:
+  """Which copy of a dataset a cell used: the source kind ('tfds',
+  'download', 'sample', ...) and a SHA-256 of ``arrays`` (a split's labels
+  in order, or the attacked images: the copies order their images
+  differently, docs/data.md)."""
+  digest = hashlib.sha256()
+  for a in arrays:
+    a = np.ascontiguousarray(a)
+    digest.update(f"{a.dtype.str}{a.shape}".encode())
+    digest.update(a.tobytes())
+  return {"source": source, "sha256": digest.hexdigest()[:16]}
+
+
 @dataclasses.dataclass
 class CellStore:
   """One JSON file per finished cell under ``folder``.
@@ -569,24 +583,33 @@ class CellStore:
   def get_or_run(self, name: str, fn: Callable[[], dict],
                  progress: "Progress | None" = None,
                  settings: dict[str, Any] | None = None,
-                 drop: Sequence[str] = ()) -> dict:
+                 drop: Sequence[str] = (),
+                 data: dict[str, Any] | None = None) -> dict:
     """The stored cell ``name``, or ``fn()`` run, stored and returned.
 
     ``settings`` (from :func:`cell_settings`) are compared with the stored
     cell's after :func:`strip` with ``drop`` (the keys ``settings`` left
     out): a cell stored by a version that still recorded them (runtime
     settings, a key the cell does not read) is reused; any other key
-    present on one side only is a difference.
+    present on one side only is a difference. ``data`` (e.g.
+    :func:`data_fingerprint`: where the images came from, and their order)
+    is recorded too and compared when the stored cell has one (cells stored
+    before it was recorded are reused): a run resumed on another copy of a
+    dataset, whose images are in another order, refuses its finished cells.
 
     Raises:
-      ValueError: the stored cell was computed with other ``settings``.
+      ValueError: the stored cell was computed with other ``settings`` or
+        on other ``data``.
     """
     settings = jsonable(settings or {})
+    data = jsonable(data) if data is not None else None
     cached = self.get(name)
     if cached is not None:
       diff = (_differences(strip(cached["settings"], drop), settings)
               if "settings" in cached else
               ["none recorded (an older repdef_jax)"] if settings else [])
+      if data is not None and cached.get("data") not in (None, data):
+        diff += [f"data: {cached['data']} -> {data}"]
       if diff:
         more = f"; {len(diff) - 3} more" if len(diff) > 3 else ""
         raise ValueError(
@@ -599,7 +622,8 @@ class CellStore:
     start = time.perf_counter()
     value = fn()
     value = {**value, "cell_seconds": time.perf_counter() - start,
-             "host": host.describe(), "settings": settings}
+             "host": host.describe(), "settings": settings,
+             **({"data": data} if data is not None else {})}
     self.put(name, value)
     if progress is not None:
       progress.step(name)

@@ -88,8 +88,11 @@ class _Panel:
         **spec.get("model_kwargs", ml_collections.ConfigDict()).to_dict())
     self.keys = harness.sweep_keys(seed)
     self.params0 = self.model.init(self.keys.init)
-    test_x, test_y = data_lib.load(spec.dataset, "test",
-                                   config.data_dir or None)
+    test_x, test_y, source = data_lib.load_with_source(
+        spec.dataset, "test", config.data_dir or None)
+    # Which copy the cells used (copies order images differently).
+    self.data = harness.data_fingerprint(source.kind,
+                                         np.asarray(test_y, np.int64))
     pick = attacked_indices(seed, config.num_images, len(test_y))
     self.images = data_lib.to_float(np.asarray(test_x)[pick])
     self.labels = np.asarray(test_y, np.int32)[pick]
@@ -350,7 +353,7 @@ def _run_cells(config, workdir: str) -> Iterator[tuple[dict, dict]]:
                              run_dir)
     yield cell, store.get_or_run(sweep.cell_name(cell), fn, progress,
                                  cell_settings(config, cell),
-                                 drop=cell_drops(cell))
+                                 drop=cell_drops(cell), data=panel.data)
 
 
 # --------------------------------------------------------------------------

@@ -204,7 +204,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         name, lambda d=d, s=s, keys=keys, params=params, images=images,
         labels=labels, rec_path=rec_path: setting_cell(
             config, model, params, keys, images, labels, d, s, rec_path),
-        progress, cell_settings)
+        progress, cell_settings,
+        data=harness.data_fingerprint(source, np.asarray(images, np.float32),
+                                      np.asarray(labels, np.int64)))
     cells.setdefault((d, s), []).append({**cell, "seed": seed})
     if seed == int(config.seeds[0]):
       first.setdefault("original", images[:, 0])
