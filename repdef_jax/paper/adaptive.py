@@ -102,10 +102,7 @@ class _Panel:
         **spec.get("model_kwargs", ml_collections.ConfigDict()).to_dict())
     self.keys = harness.sweep_keys(seed)
     self.indices, self.images, self.labels, self.source = (
-        batched.pick_images(spec.dataset, config.num_images, self.keys,
-                            pool=config.image_pool, data_dir=config.data_dir,
-                            allow_synthetic=config.allow_synthetic,
-                            seed=seed))
+        batched.part_images(config, spec.dataset, seed))
     self.attacks = suite(spec.family)
     self.name = name
     self._config, self._seed = config, seed
@@ -365,7 +362,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                                     cell["seed"]),
                                       cell["stage"], cell["variant"],
                                       cell["rate"]), progress,
-        harness.cell_settings(config, ANALYSIS_KEYS, cell["panel"]))
+        harness.cell_settings(config, ANALYSIS_KEYS, cell["panel"]),
+        data=batched.part_fingerprint(
+            config, config.panels[cell["panel"]].dataset, cell["seed"]))
     done.append((cell, result))
   rows = analyse(config, done)
   result = harness.jsonable({

@@ -212,3 +212,29 @@ def pick_images(dataset: str, num: int, keys: harness.SweepKeys, *,
   pick = np.asarray(jax.random.choice(keys.data, len(labels), (int(num),),
                                       replace=False))
   return pick, images[pick][:, None], labels[pick][:, None], source
+
+
+def part_images(config: Any, dataset: str, seed: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+  """:func:`pick_images` with a part config's settings (``num_images``,
+  ``image_pool``, ``data_dir``, ``allow_synthetic``) for one seed."""
+  return pick_images(dataset, config.num_images, harness.sweep_keys(seed),
+                     pool=config.image_pool, data_dir=config.data_dir,
+                     allow_synthetic=config.allow_synthetic, seed=seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _part_fingerprint(dataset, num, pool, data_dir, synthetic, seed):
+  _, images, labels, source = pick_images(
+      dataset, num, harness.sweep_keys(seed), pool=pool, data_dir=data_dir,
+      allow_synthetic=synthetic, seed=seed)
+  return harness.data_fingerprint(source, np.asarray(images, np.float32),
+                                  np.asarray(labels, np.int64))
+
+
+def part_fingerprint(config: Any, dataset: str, seed: int) -> dict[str, Any]:
+  """:func:`harness.data_fingerprint` of :func:`part_images`: which copy of
+  the data a part's cells of this seed attack (cells record it)."""
+  return dict(_part_fingerprint(dataset, int(config.num_images),
+                                int(config.image_pool), config.data_dir,
+                                bool(config.allow_synthetic), int(seed)))

@@ -68,10 +68,7 @@ class _Panel:
     self.keys = harness.sweep_keys(seed)
     self.params = self.model.init(self.keys.init)
     self.indices, self.images, self.labels, self.source = (
-        batched.pick_images(spec.dataset, config.num_images, self.keys,
-                            pool=config.image_pool, data_dir=config.data_dir,
-                            allow_synthetic=config.allow_synthetic,
-                            seed=seed))
+        batched.part_images(config, spec.dataset, seed))
     self.attacks = tuple(spec.attacks)
     # ||J||_2 of each image: every rate and attack of the panel reuses it.
     self.sigma = _sigma(self.model, self.params,
@@ -261,7 +258,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         lambda name=name, seed=seed, rate=rate: rate_cell(
             config, panel(name, seed), rate), progress,
         harness.cell_settings(config, ("seeds", "rates", "success_ssim"),
-                              name))
+                              name),
+        data=batched.part_fingerprint(config, config.panels[name].dataset,
+                                      seed))
   panels = {name: analyse_panel(config, name, c) for name, c in cells.items()}
   result = harness.jsonable({
       "experiment": "certified", "config": config.to_dict(),

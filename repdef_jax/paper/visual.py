@@ -193,10 +193,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   for seed, d, s in plan:
     keys = harness.sweep_keys(seed)
     params = model.init(keys.init)
-    _, images, labels, source = batched.pick_images(
-        config.dataset, config.num_images, keys, pool=config.image_pool,
-        data_dir=config.data_dir, allow_synthetic=config.allow_synthetic,
-        seed=seed)
+    _, images, labels, source = batched.part_images(config, config.dataset,
+                                                    seed)
     sources.add(source)
     name = harness.cell_name(f"seed{seed}", d, s)
     rec_path = os.path.join(cell_dir, f"{name}.npy")
@@ -205,8 +203,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         labels=labels, rec_path=rec_path: setting_cell(
             config, model, params, keys, images, labels, d, s, rec_path),
         progress, cell_settings,
-        data=harness.data_fingerprint(source, np.asarray(images, np.float32),
-                                      np.asarray(labels, np.int64)))
+        data=batched.part_fingerprint(config, config.dataset, seed))
     cells.setdefault((d, s), []).append({**cell, "seed": seed})
     if seed == int(config.seeds[0]):
       first.setdefault("original", images[:, 0])
