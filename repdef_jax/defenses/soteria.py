@@ -178,11 +178,10 @@ def features_and_jacobian(features_fn: Callable[[jax.Array], jax.Array],
   if len(out.shape) != 1:
     raise ValueError("features_fn must map one input to a 1-D representation "
                      f"r of shape [F]; it returned shape {tuple(out.shape)}.")
-  num_features = out.shape[0]
-  jacobian = resolve_jacobian(jacobian, num_features, math.prod(x.shape[1:]))
+  num_features, d = out.shape[0], math.prod(x.shape[1:])
+  jacobian = resolve_jacobian(jacobian, num_features, d)
 
   _check_chunk(chunk)
-  d = math.prod(x.shape[1:])
   passes = num_features if jacobian == "rev" else d
   chunked = chunk is not None and int(chunk) < passes
   c = int(chunk) if chunked else passes

@@ -223,18 +223,9 @@ def part_images(config: Any, dataset: str, seed: int
                      allow_synthetic=config.allow_synthetic, seed=seed)
 
 
-@functools.lru_cache(maxsize=8)
-def _part_fingerprint(dataset, num, pool, data_dir, synthetic, seed):
-  _, images, labels, source = pick_images(
-      dataset, num, harness.sweep_keys(seed), pool=pool, data_dir=data_dir,
-      allow_synthetic=synthetic, seed=seed)
-  return harness.data_fingerprint(source, np.asarray(images, np.float32),
-                                  np.asarray(labels, np.int64))
-
-
 def part_fingerprint(config: Any, dataset: str, seed: int) -> dict[str, Any]:
-  """:func:`harness.data_fingerprint` of :func:`part_images`: which copy of
-  the data a part's cells of this seed attack (cells record it)."""
-  return dict(_part_fingerprint(dataset, int(config.num_images),
-                                int(config.image_pool), config.data_dir,
-                                bool(config.allow_synthetic), int(seed)))
+  """:func:`harness.data_fingerprint` of :func:`part_images` (the test pool
+  is cached, so this draws again without reloading): which copy of the data
+  a part's cells of this seed attack (cells record it)."""
+  _, images, labels, source = part_images(config, dataset, seed)
+  return harness.data_fingerprint(source, images, labels)

@@ -169,7 +169,7 @@ PAPER_BUDGETS = "DLG 300 x 20, GS 24,000 x 2 restarts"
 
 
 def _budget(family: str, b: dict[str, Any]) -> str:
-  """One family's budget, e.g. 'dlg 30 x 20' or 'gs 500 x 1 restart'."""
+  """One family's budget, e.g. 'dlg 30 x 20' or 'gs 500 x 2 restarts'."""
   if "outer_steps" in b or "inner_steps" in b:
     text = f"{family} {b.get('outer_steps', '?')} x {b.get('inner_steps', '?')}"
   else:

@@ -203,7 +203,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         labels=labels, rec_path=rec_path: setting_cell(
             config, model, params, keys, images, labels, d, s, rec_path),
         progress, cell_settings,
-        data=batched.part_fingerprint(config, config.dataset, seed))
+        data=harness.data_fingerprint(source, images, labels))
     cells.setdefault((d, s), []).append({**cell, "seed": seed})
     if seed == int(config.seeds[0]):
       first.setdefault("original", images[:, 0])
