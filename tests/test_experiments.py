@@ -58,6 +58,24 @@ def _rerun_reuses(module, config, workdir):
   assert before == after
 
 
+def _refuses_other_copy(module, config, workdir):
+  """Every cell records which copy of the data it used; a resumed run that
+  loads another copy (here: a cell claims other labels) refuses it."""
+  cells = os.path.join(workdir, "cells")
+  names = sorted(f for f in os.listdir(cells) if f.endswith(".json"))
+  for name in names:
+    with open(os.path.join(cells, name), encoding="utf-8") as f:
+      assert json.load(f)["data"]["source"].startswith("tfds"), name
+  path = os.path.join(cells, names[0])
+  with open(path, encoding="utf-8") as f:
+    cell = json.load(f)
+  cell["data"]["sha256"] = "0" * 16
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(cell, f)
+  with pytest.raises(ValueError, match="other settings .*data:"):
+    module.run(config, workdir)
+
+
 def test_presets_exist():
   for cfg in (visual_cfg, certified_cfg, adaptive_cfg, convergence_cfg,
               repinfer_cfg):
@@ -418,6 +436,7 @@ def test_convergence_end_to_end(mock_env):
   assert result["settings"][2]["initial_loss"]["mean"] != pytest.approx(
       np.log(10), rel=1e-3)
   _rerun_reuses(convergence, config, workdir)
+  _refuses_other_copy(convergence, config, workdir)
 
 
 def _reproduce(tmp_path, parts, *extra):
@@ -463,7 +482,9 @@ def test_reproduce_reruns_a_part_whose_config_changed(tmp_path, monkeypatch):
   root = tmp_path / "root"
   config = root / "experiments" / "configs" / "convergence.py"
   config.parent.mkdir(parents=True)
-  config.write_text("RATE = 1\n")
+  text = ("import ml_collections\nRATE = {}\n\n\ndef get_config(preset):\n"
+          "  return ml_collections.ConfigDict({{'rate': RATE}})\n")
+  config.write_text(text.format(1))
   monkeypatch.setattr(reproduce, "ROOT", str(root))
   calls = []
   monkeypatch.setattr(reproduce.subprocess, "call",
@@ -472,7 +493,10 @@ def test_reproduce_reruns_a_part_whose_config_changed(tmp_path, monkeypatch):
   for _ in range(2):  # The second run finds the part done.
     runs = reproduce.run_parts("tiny", workdir, None, ["convergence"])
   assert len(calls) == 1 and runs["convergence"]["status"] == "done (reused)"
-  config.write_text("RATE = 2\n")
+  config.write_text(text.format(1) + "# A comment: the same preset.\n")
+  runs = reproduce.run_parts("tiny", workdir, None, ["convergence"])
+  assert len(calls) == 1 and runs["convergence"]["status"] == "done (reused)"
+  config.write_text(text.format(2))
   runs = reproduce.run_parts("tiny", workdir, None, ["convergence"])
   assert len(calls) == 2 and runs["convergence"]["status"] == "done"
 
@@ -497,8 +521,17 @@ def _fake_parts(tmp_path, monkeypatch, returncode=0):
   root = tmp_path / "root"
   configs = root / "experiments" / "configs"
   configs.mkdir(parents=True)
+  # Each config resolves a default it reads from elsewhere (defaults.json
+  # stands for sweep.default_config / settings.py).
+  (configs / "defaults.json").write_text('{"lr": 0.1}')
   for part in reproduce.PART_ORDER:
-    (configs / f"{part}.py").write_text(f"PART = {part!r}\n")
+    (configs / f"{part}.py").write_text(
+        "import json, os\nimport ml_collections\n"
+        f"PART = {part!r}\n\n\ndef get_config(preset):\n"
+        "  with open(os.path.join(os.path.dirname(__file__), "
+        "'defaults.json')) as f:\n"
+        "    return ml_collections.ConfigDict({'part': PART, "
+        "'preset': preset, **json.load(f)})\n")
   monkeypatch.setattr(reproduce, "ROOT", str(root))
   calls, code = [], [returncode]
   monkeypatch.setattr(reproduce.subprocess, "call",
@@ -520,6 +553,30 @@ def test_reproduce_reruns_a_part_whose_command_changed(tmp_path,
   with open(os.path.join(workdir, "visual", "PART_DONE.json"),
             encoding="utf-8") as f:
     assert json.load(f)["command"].endswith(" '--config.seeds=(8,)'")
+
+
+def test_reproduce_reruns_a_part_whose_resolved_preset_changed(
+    tmp_path, monkeypatch):
+  """The marker holds a digest of ``get_config(preset)``, not of the config
+  file: a changed default the file imports reruns the part; a config that
+  cannot be loaded is never taken as finished."""
+  calls, _ = _fake_parts(tmp_path, monkeypatch)
+  workdir = str(tmp_path / "work")
+  configs = tmp_path / "root" / "experiments" / "configs"
+  digest = reproduce.config_digest("visual", "tiny")
+  assert digest and digest != reproduce.config_digest("visual", "quick")
+  for _ in range(2):
+    runs = reproduce.run_parts("tiny", workdir, None, ["visual"])
+  assert len(calls) == 1 and runs["visual"]["config_digest"] == digest
+  (configs / "defaults.json").write_text('{"lr": 0.2}')  # File unchanged.
+  runs = reproduce.run_parts("tiny", workdir, None, ["visual"])
+  assert len(calls) == 2 and runs["visual"]["status"] == "done"
+  assert runs["visual"]["config_digest"] != digest
+  (configs / "defaults.json").write_text("not json")
+  assert reproduce.config_digest("visual", "tiny") is None
+  for _ in range(2):
+    runs = reproduce.run_parts("tiny", workdir, None, ["visual"])
+  assert len(calls) == 4
 
 
 def test_reproduce_reruns_a_part_finished_under_another_key_scheme(
@@ -548,6 +605,11 @@ def test_reproduce_failed_part_is_recorded_and_rerun(tmp_path, monkeypatch):
   runs = reproduce.run_parts("tiny", workdir, None, ["visual"])
   assert len(calls) == 3 and runs["visual"]["status"] == "done"
   assert os.path.exists(os.path.join(workdir, "visual", "PART_DONE.json"))
+  # A rerun (other seeds) that fails leaves no record of the earlier run.
+  set_rc(2)
+  runs = reproduce.run_parts("tiny", workdir, None, ["visual"], seeds=(9,))
+  assert len(calls) == 4 and runs["visual"]["status"] == "FAILED (exit 2)"
+  assert not os.path.exists(os.path.join(workdir, "visual", "PART_DONE.json"))
 
 
 def test_reproduce_runs_parts_in_paper_order_and_keeps_records(

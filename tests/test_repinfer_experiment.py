@@ -67,6 +67,16 @@ def test_repinfer_end_to_end(mock_env):
   leakage.run(config, workdir)
   assert before == {f: os.path.getmtime(os.path.join(cells, f))
                     for f in os.listdir(cells)}
+  # Cells record the copy of the training split; another copy is refused.
+  path = os.path.join(cells, "update_seed1.json")
+  with open(path, encoding="utf-8") as f:
+    cell = json.load(f)
+  assert cell["data"]["source"] == "tfds"
+  cell["data"]["sha256"] = "0" * 16
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(cell, f)
+  with pytest.raises(ValueError, match="update_seed1.json .*data:"):
+    leakage.run(config, workdir)
 
 
 def test_bad_preset():

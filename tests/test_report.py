@@ -123,6 +123,34 @@ def test_publish_copies_results_not_cells(tmp_path):
   assert "experiments.tradeoff" in text and "experiments.visual" in text
 
 
+def test_a_failed_rerun_is_flagged_where_its_old_result_is_shown(tmp_path):
+  """A part whose last run failed keeps its earlier JSON in the folder; the
+  report (verdicts and section) and the README block say so."""
+  work = str(tmp_path / "run")
+  _fake(work)
+  runs = {"tradeoff": {"command": "python -m experiments.tradeoff",
+                       "seconds": 3.0, "status": "FAILED (exit 1)"},
+          "certified": {"command": "python -m experiments.certified",
+                        "seconds": 3.0, "status": "done"}}
+  storage.write_json(os.path.join(work, "reproduce.json"), runs)
+  text = open(report.write_report(work, runs=runs)).read()
+  warning = "**The last run of tradeoff failed"
+  verdicts, rest = text.split("## Runs")
+  assert warning in verdicts and "certified failed" not in text
+  section = rest.split("## ")[1]
+  assert section.startswith("Utility-privacy trade-off") and warning in (
+      section)
+  readme = tmp_path / "README.md"
+  readme.write_text(f"x\n{report.README_BEGIN}\n{report.README_END}\n")
+  assert report.update_readme(str(readme), work)
+  assert warning in readme.read_text()
+  runs["tradeoff"]["status"] = "done"
+  storage.write_json(os.path.join(work, "reproduce.json"), runs)
+  report.update_readme(str(readme), work)
+  assert "failed" not in readme.read_text()
+  assert "failed" not in open(report.write_report(work, runs=runs)).read()
+
+
 def _job_results():
   entry = lambda mse, ssim, div: {  # noqa: E731
       "mse": mse, "psnr": 30.0, "ssim": ssim, "diverged": div,

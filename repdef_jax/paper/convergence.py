@@ -97,9 +97,9 @@ def initial_loss(config: ml_collections.ConfigDict) -> float:
                                   fedavg.as_client_arrays(clients), config.l2))
 
 
-def run_cell(base: ml_collections.ConfigDict, setting: dict[str, Any],
-             seed: int, run_dir: str) -> dict[str, Any]:
-  """One (setting, seed): F(w) at round 0 and every round, and accuracy."""
+def cell_config(base: ml_collections.ConfigDict, setting: dict[str, Any],
+                seed: int) -> ml_collections.ConfigDict:
+  """The training config of one (setting, seed)."""
   c = ml_collections.ConfigDict(base.to_dict())
   c.update(setting.get("overrides", {}))
   c.local_steps = setting["local_steps"]
@@ -107,6 +107,28 @@ def run_cell(base: ml_collections.ConfigDict, setting: dict[str, Any],
   c.defense = setting["defense"]
   c.defense_strength = setting["strength"]
   c.seed = int(seed)
+  return c
+
+
+def data_record(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Which copy of the data a cell trains and evaluates on
+  (:func:`harness.data_fingerprint` of both splits' labels; loads are
+  cached in memory): a resumed run refuses finished cells of another copy,
+  whose partition would differ."""
+  arrays, kinds = [], []
+  for split, limit in (("train", c.max_train_examples),
+                       ("test", c.max_test_examples)):
+    _, labels, source = data_lib.load_with_source(
+        c.dataset, split, c.data_dir or None, max_examples=limit or None)
+    arrays.append(np.asarray(labels, np.int64))
+    kinds.append(source.kind)
+  return harness.data_fingerprint("/".join(kinds), *arrays)
+
+
+def run_cell(base: ml_collections.ConfigDict, setting: dict[str, Any],
+             seed: int, run_dir: str) -> dict[str, Any]:
+  """One (setting, seed): F(w) at round 0 and every round, and accuracy."""
+  c = cell_config(base, setting, seed)
   result = training.train_and_evaluate(c, run_dir)
   recs = result["metrics"]
   return {"seed": int(seed), "initial_loss": initial_loss(c),
@@ -212,7 +234,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                                          run_dir),
         progress, harness.cell_settings({"base": base.to_dict(), "setting": s},
                                         ("base.data_dir",),
-                                        sweep_streams=False))
+                                        sweep_streams=False),
+        data=data_record(cell_config(base, s, seed)))
     by_setting.setdefault(s["name"], []).append(cell)
   summaries = [summarize(s, by_setting[s["name"]]) for s in settings(config)]
   payload = {"experiment": "convergence", "config": config.to_dict(),

@@ -556,10 +556,15 @@ def tables(inference: dict[str, Any],
 
 @functools.lru_cache(maxsize=2)
 def _train_images(dataset: str, data_dir: str, max_examples: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
-  images, labels = data_lib.load(dataset, "train", data_dir or None,
-                                 max_examples=max_examples or None)
-  return data_lib.to_float(np.asarray(images)), np.asarray(labels, np.int32)
+                  ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+  """The training split as [0, 1] floats, its labels, and which copy it is
+  (:func:`harness.data_fingerprint` of the labels: the copies order their
+  images differently, so a resumed run's cells must come from the same)."""
+  images, labels, source = data_lib.load_with_source(
+      dataset, "train", data_dir or None, max_examples=max_examples or None)
+  labels = np.asarray(labels, np.int32)
+  return (data_lib.to_float(np.asarray(images)), labels,
+          harness.data_fingerprint(source.kind, labels))
 
 
 def _save_pics(path: str, pics: dict[str, np.ndarray]) -> None:
@@ -590,8 +595,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   store = harness.CellStore(os.path.join(workdir, "cells"))
   cell_settings = harness.cell_settings(config, ("seeds",))
   fedavg_only = harness.cell_settings(config, ("seeds",), sweep_streams=False)
-  images, labels = _train_images(config.dataset, config.data_dir,
-                                 config.max_train_examples)
+  images, labels, data = _train_images(config.dataset, config.data_dir,
+                                       config.max_train_examples)
   seeds = [int(s) for s in config.seeds]
   settings = [s for s, n in zip(SETTINGS, (config.recon_images,
                                           config.recon_clients)) if n > 0]
@@ -599,7 +604,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   inf_cells = [store.get_or_run(
       harness.cell_name("inference", f"seed{s}"),
       functools.partial(inference_cell, config, images, labels, s), progress,
-      fedavg_only) for s in seeds]
+      fedavg_only, data=data) for s in seeds]
   recon_cells: dict[str, list[dict]] = {}
   for setting in settings:
     fn = one_image_cell if setting == "one_image" else update_cell
@@ -612,7 +617,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         return cell
 
       recon_cells.setdefault(setting, []).append(
-          store.get_or_run(name, compute, progress, cell_settings))
+          store.get_or_run(name, compute, progress, cell_settings,
+                           data=data))
   inference = summarize_inference(inf_cells)
   reconstruction = {k: summarize_reconstruction(v)
                     for k, v in recon_cells.items()}

@@ -269,6 +269,7 @@ def render(results: dict[str, dict | None], *, workdir: str,
            "interval rule it follows).", ""]
   lines += ["## Verdicts", ""] + claims_table(all_claims(results),
                                               with_statistic=False)
+  lines += failed_parts_line(results, runs)
   rows = []
   for part in PARTS:
     r, res = runs.get(part, {}), results.get(part) or {}
@@ -288,6 +289,7 @@ def render(results: dict[str, dict | None], *, workdir: str,
     if not res:
       lines += ["Not run.", ""]
       continue
+    lines += failed_parts_line({part: res}, runs)
     try:
       lines += _section(part, res)
     except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -338,12 +340,28 @@ def publish(workdir: str, dest: str, *, preset: str = "") -> str:
   return write_report(dest, runs=runs, preset=preset)
 
 
-def readme_block(results: dict[str, dict | None], source: str) -> str:
-  """The README's results table (between the generated-block markers)."""
+def failed_parts_line(results: dict[str, dict | None],
+                      runs: dict[str, dict]) -> list[str]:
+  """A warning naming the parts whose last run failed but whose result JSON
+  (an earlier run's) is still shown; ``[]`` when there are none."""
+  stale = [p for p, r in results.items() if r and str(
+      runs.get(p, {}).get("status", "")).startswith("FAILED")]
+  if not stale:
+    return []
+  return [f"**The last run of {', '.join(stale)} failed (see the Runs "
+          "table): what is shown for it comes from the JSON an earlier run "
+          "left, not from that run.**", ""]
+
+
+def readme_block(results: dict[str, dict | None], source: str,
+                 runs: dict[str, dict] | None = None) -> str:
+  """The README's results table (between the generated-block markers);
+  ``runs`` (``reproduce.json``) flags parts whose last run failed."""
   lines = [README_BEGIN, "",
            f"Generated from the JSON in `{source}` by "
            "`repdef_jax.paper.report`; rules in docs/evaluation.md.", ""]
   lines += claims_table(all_claims(results), with_statistic=False)
+  lines += failed_parts_line(results, runs or {})
   legacy = [p for p, r in results.items()
             if r and interval_rule(p, r) == LEGACY_INTERVAL_RULE]
   if legacy:
@@ -384,7 +402,9 @@ def update_readme(readme: str, workdir: str) -> bool:
     text = f.read()
   source = os.path.relpath(workdir, os.path.dirname(os.path.abspath(readme)))
   new = replace_block(text, README_BEGIN, README_END,
-                      readme_block(collect(workdir), source), readme)
+                      readme_block(collect(workdir), source, storage.read_json(
+                          os.path.join(workdir, "reproduce.json"), {})),
+                      readme)
   job = storage.read_json(os.path.join(workdir, "main_job",
                                        main_job.RESULT_FILE))
   if job is not None and main_job.README_BEGIN in new:

@@ -2,8 +2,8 @@
 
 Each part runs as its own entry point in a subprocess, in ``workdir/<part>``
 with ``experiments/configs/<part>.py:<preset>``; a finished part leaves a
-``PART_DONE.json`` marker holding its command, a digest of its config
-file and the key scheme (:data:`repdef_jax.paper.harness.KEY_SCHEME`), and
+``PART_DONE.json`` marker holding its command, a digest of its resolved
+preset and the key scheme (:data:`repdef_jax.paper.harness.KEY_SCHEME`), and
 is skipped on a rerun with the same command, config and scheme (a part of
 another scheme reruns, reusing the cells that draw none of the changed
 streams). Each part
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shlex
 import subprocess
@@ -120,11 +121,22 @@ def part_command(part: str, preset: str, workdir: str, data_dir: str | None,
   return [sys.executable, "-m", *module_args]
 
 
-def config_digest(part: str) -> str:
-  """SHA-256 of a part's config file (a changed preset reruns the part)."""
+def config_digest(part: str, preset: str) -> str | None:
+  """SHA-256 of a part's resolved preset: ``get_config(preset)`` of its
+  config file, as sorted JSON. An edit to the file or to a default it
+  imports (``sweep.default_config``, ``settings``) changes it, so the part
+  reruns (reusing the cells the edit leaves valid). None when the config
+  cannot be loaded: the part then runs, and fails with the reason."""
   path = os.path.join(ROOT, "experiments", "configs", f"{part}.py")
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
+  try:
+    spec = importlib.util.spec_from_file_location(f"_config_{part}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    resolved = harness.jsonable(module.get_config(preset).to_dict())
+  except Exception:  # pylint: disable=broad-except
+    return None
+  text = json.dumps(resolved, sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _display(cmd: list[str]) -> str:
@@ -161,8 +173,8 @@ def run_parts(preset: str, workdir: str, data_dir: str | None,
     shown = _display(cmd)
     marker = os.path.join(sub, "PART_DONE.json")
     done = storage.read_json(marker)
-    digest = config_digest(part)
-    if (done and done.get("command") == shown
+    digest = config_digest(part, preset)
+    if (done and digest and done.get("command") == shown
         and done.get("config_digest") == digest
         and done.get("key_scheme") == harness.KEY_SCHEME):
       runs[part] = {**done, "status": "done (reused)"}
@@ -176,6 +188,10 @@ def run_parts(preset: str, workdir: str, data_dir: str | None,
           f"[reproduce] elapsed {time.perf_counter() - start:.0f}s, {eta}",
           flush=True)
     os.makedirs(sub, exist_ok=True)
+    # The old marker goes first: a rerun that fails must not leave (or
+    # publish) a record of the earlier, other command as this part's.
+    if done is not None:
+      os.remove(marker)
     t0 = time.perf_counter()
     rc = subprocess.call(cmd, cwd=ROOT, preexec_fn=die_with_parent)
     seconds = time.perf_counter() - t0
