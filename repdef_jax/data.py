@@ -575,7 +575,10 @@ def _from_download(info: DatasetInfo, split: str, cache_dir: str,
                                               Source] | None:
   """The split from downloaded archives (cached or fetched now), or None."""
   paths = {s: _download_path(cache_dir, info.name, s) for s in info.splits}
-  arrays = {s: _read_cache(paths[s]) for s in _base_splits(split)}
+  # Archives verified against other digests (a test mirror, a re-packed
+  # file) are other data: such a cache is not reused.
+  verified = download_lib.verified_with(info.name)
+  arrays = {s: _read_cache(paths[s], verified) for s in _base_splits(split)}
   if any(a is None for a in arrays.values()):
     if allowed is None:
       allowed = not _env_flag(OFFLINE_ENV)
@@ -595,7 +598,8 @@ def _from_download(info: DatasetInfo, split: str, cache_dir: str,
       return None
   images, labels = _select(split, arrays)
   return (images[:max_examples], labels[:max_examples],
-          Source("download", "original archives, decoded in " + cache_dir))
+          Source("download", f"original archives ({verified} checksums), "
+                 f"decoded in {cache_dir}"))
 
 
 def _download(name: str, cache_dir: str, **kwargs) -> dict[str, Arrays]:
@@ -603,9 +607,11 @@ def _download(name: str, cache_dir: str, **kwargs) -> dict[str, Arrays]:
   _say(f"downloading {name} from "
        f"{download_lib.base_url(name, kwargs.get('mirror'))} (set "
        f"{OFFLINE_ENV}=1 to skip)")
+  verified = download_lib.verified_with(name, kwargs.get("checksums"))
   splits = download_lib.fetch_and_decode(name, log=_say, **kwargs)
   for split, arrays in splits.items():
-    _write_cache(_download_path(cache_dir, name, split), *arrays)
+    _write_cache(_download_path(cache_dir, name, split), *arrays,
+                 verified=verified)
   _say(f"{name}: " + ", ".join(f"{s} {len(a[1])} images" for s, a in
                                splits.items()) + f" cached in {cache_dir}")
   return splits
@@ -632,13 +638,18 @@ def _cache_path(cache_dir: str, name: str, split: str, version: str,
   return os.path.join(cache_dir, file_name)
 
 
-def _read_cache(path: str) -> Arrays | None:
-  """Reads a cached split; ``None`` if it is absent or unreadable."""
+def _read_cache(path: str, verified: str | None = None) -> Arrays | None:
+  """Reads a cached split; ``None`` if it is absent or unreadable, or (for
+  a download) was verified against other digests than ``verified``
+  (:func:`repdef_jax.download.verified_with`; a cache written before this
+  was recorded counts as 'published')."""
   if not os.path.exists(path):
     return None
   try:
     with np.load(path, allow_pickle=False) as archive:
       images, labels = archive["images"], archive["labels"]
+      cached = (str(archive["verified"]) if "verified" in archive.files
+                else "published")
   except (OSError, ValueError, KeyError, EOFError,
           zipfile.BadZipFile) as error:
     logger.warning("Rebuilding unreadable cache file %s (%s).", path,
@@ -648,13 +659,20 @@ def _read_cache(path: str) -> Arrays | None:
       len(images) != len(labels)):
     logger.warning("Rebuilding malformed cache file %s.", path)
     return None
+  if verified is not None and cached != verified:
+    logger.warning("Not using %s: its archives were verified against %s "
+                   "checksums, this run's are %s.", path, cached, verified)
+    return None
   return images, labels
 
 
-def _write_cache(path: str, images: np.ndarray, labels: np.ndarray) -> None:
-  """Writes a split to ``path`` atomically; on any OS error only warns."""
+def _write_cache(path: str, images: np.ndarray, labels: np.ndarray,
+                 verified: str | None = None) -> None:
+  """Writes a split to ``path`` atomically (with ``verified``: the digests
+  a download was checked against); on any OS error only warns."""
   buffer = BytesIO()
-  np.savez(buffer, images=images, labels=labels)
+  np.savez(buffer, images=images, labels=labels,
+           **({"verified": np.array(verified)} if verified else {}))
   try:
     storage.write_bytes(path, buffer.getvalue())
   except OSError as error:

@@ -274,6 +274,40 @@ def _decode_cifar(name: str, raw_tgz: bytes) -> dict[str, Arrays]:
   return out
 
 
+def checksum_overrides(name: str,
+                       checksums: str | Mapping[str, str] | None = None
+                       ) -> dict[str, str]:
+  """``{file: sha256}`` of ``name``'s archives whose digest ``checksums``
+  (see :func:`fetch_and_decode`; default ``$REPDEF_JAX_CHECKSUMS``) replaces
+  with another than the published one.
+
+  Raises:
+    DownloadError: an unreadable or malformed checksums file.
+  """
+  checksums = checksums or os.environ.get(CHECKSUMS_ENV) or {}
+  if isinstance(checksums, str):
+    checksums = read_checksums(checksums)
+  out = {}
+  for archive in ORIGINS[name].archives:
+    digest = checksums.get(f"{name}/{archive.file}")
+    if digest and digest.lower() != archive.sha256:
+      out[archive.file] = digest.lower()
+  return out
+
+
+def verified_with(name: str,
+                  checksums: str | Mapping[str, str] | None = None) -> str:
+  """Which digests ``name``'s archives are verified against: 'published',
+  or 'override <hash>' naming the set of :func:`checksum_overrides` (files
+  other than the published ones). A download cache records it, so files
+  verified against one set are not reused as those of another."""
+  overrides = checksum_overrides(name, checksums)
+  if not overrides:
+    return "published"
+  text = "".join(f"{f} {d}\n" for f, d in sorted(overrides.items()))
+  return "override " + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def fetch_and_decode(name: str, *, mirror: str | None = None,
                      checksums: str | Mapping[str, str] | None = None,
                      timeout: float | None = None,
@@ -300,13 +334,11 @@ def fetch_and_decode(name: str, *, mirror: str | None = None,
     ValueError: a bad timeout (see :func:`fetch`).
   """
   timeout = _timeout(timeout)
-  checksums = checksums or os.environ.get(CHECKSUMS_ENV) or {}
-  if isinstance(checksums, str):
-    checksums = read_checksums(checksums)
+  overrides = checksum_overrides(name, checksums)
   url = base_url(name, mirror)
   files = {}
   for archive in ORIGINS[name].archives:
-    override = checksums.get(f"{name}/{archive.file}")
+    override = overrides.get(archive.file)
     start = time.perf_counter()
     files[archive.file] = fetch(
         url + archive.file, override or archive.sha256,

@@ -194,6 +194,32 @@ def test_load_downloads_on_first_use_then_reads_the_cache(mirror, tmp_path,
   assert source.kind == "download" and images.shape == (310, 32, 32, 3)
   np.testing.assert_array_equal(images[300:],
                                 arrays["cifar10"]["test"][0][:10])
+  tag = download.verified_with("cifar10", checksums)
+  assert tag.startswith("override ") and tag in source.detail
+
+  # The cache holds files verified against the test's own digests, not the
+  # published ones: a run without that override does not reuse it.
+  data.clear_cache()
+  monkeypatch.delenv(download.CHECKSUMS_ENV)
+  with pytest.raises(data.DataNotFoundError):
+    data.load_with_source("cifar10", "test", empty, cache_dir=tmp_path,
+                          download=False, sample=False)
+
+
+def test_verified_with_names_only_digests_that_differ(tmp_path):
+  [archive] = download.ORIGINS["cifar10"].archives
+  key = f"cifar10/{archive.file}"
+  assert download.verified_with("cifar10", {}) == "published"
+  # The published digest restated, or another dataset's file: no override.
+  assert download.verified_with(
+      "cifar10", {key: archive.sha256.upper(), "mnist/x": "0" * 64}) == (
+          "published")
+  other = download.verified_with("cifar10", {key: "1" * 64})
+  assert other.startswith("override ") and other != download.verified_with(
+      "cifar10", {key: "2" * 64})
+  sums = tmp_path / "sums"
+  sums.write_text(f"{'1' * 64}  {key}\n")
+  assert download.verified_with("cifar10", str(sums)) == other
 
 
 def test_unreachable_mirror_fails_fast_with_one_line(tmp_path):
