@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from repdef_jax import attacks
+from repdef_jax import defenses
 from repdef_jax import gradients
 from repdef_jax import metrics
 from repdef_jax import models
@@ -162,6 +163,13 @@ def test_batch_label_inference_finds_present_classes(lenet_setup):
   xs = jnp.concatenate([x, 1 - x, x * 0.3])
   g = batch_grad(model, params, xs, jnp.array([2, 7, 5]))
   assert sorted(np.asarray(attacks.infer_labels(model, g, 3))) == [2, 5, 7]
+  # The same batch under Soteria with protect_bias (bias gradient zeroed).
+  shared, _ = defenses.soteria_defense(model, 60.0, protect_bias=True)(
+      g, defenses.ClientBatch(params, xs, jnp.array([2, 7, 5])),
+      jax.random.key(1))
+  assert not np.any(np.asarray(models.defended_params(model, shared)["bias"]))
+  assert sorted(np.asarray(attacks.infer_labels(model, shared, 3))) == [
+      2, 5, 7]
   # Fewer classes than images: the extra images repeat the most negative
   # class (here the one present twice), never a class the batch lacks.
   for labels in ([2, 2, 7], [1, 1, 1, 4]):
@@ -185,6 +193,10 @@ def test_batch_label_inference_reads_the_bias_not_the_kernel():
   name = model.defended_path[-1]
   g = {**g, name: {**g[name], "kernel": kernel, "bias": bias}}
   assert sorted(np.asarray(attacks.infer_labels(model, g, 2))) == [2, 7]
+  # A zeroed bias gradient (Soteria's protect_bias) says nothing: the kernel
+  # column sums decide (they used to give class 0 for every image).
+  g = {**g, name: {**g[name], "bias": jnp.zeros_like(bias)}}
+  assert sorted(np.asarray(attacks.infer_labels(model, g, 2))) == [1, 3]
 
 
 # Threshold: an undefended single-image attack (DLG's objective, torch-style
@@ -435,29 +447,34 @@ def test_gs_step_schedule_decays_tenfold_at_three_five_seven_eighths():
                              [0.02, 2e-4], rtol=1e-6)
 
 
-def test_gs_iterates_are_signed_adam_steps_clipped_to_the_box():
+@pytest.mark.parametrize("normalization", [None, (0.4, 0.3)])
+def test_gs_iterates_are_signed_adam_steps_clipped_to_the_box(normalization):
   """Five GS iterations equal the rule re-run step by step with NumPy's
   Adam (b1 0.9, b2 0.999, eps 1e-8) fed the sign of the objective's
   gradient (cosine distance + tv_weight TV), the step size of the
   schedule (lr, lr/10, lr/10, lr/100, lr/1000 over 5 iterations) and a
   clip into [0, 1] after each step. The run reuses the program of
   test_gs_non_finite_objective_is_reported_as_diverged; Adam on the raw
-  gradient, a constant step size or no clip give other iterates."""
+  gradient, a constant step size or no clip give other iterates. With
+  ``normalization=(m, s)`` the same rule runs on z, the model sees
+  ``m + s z``, TV is of z and the box is [0, 1] mapped into z."""
   model, params, grads = _logreg_setup()
   key = jax.random.key(1)
   cfg = attacks.GSConfig()
+  kw = {} if normalization is None else {"normalization": normalization}
   res = attacks.get_attack("gs")(model, params, grads, 1, key, iterations=5,
-                                 restarts=1)
+                                 restarts=1, **kw)
   y = jnp.array([1])
   assert int(res.labels_rec[0]) == 1 and not bool(res.diverged)
+  m0, s0 = normalization or (0.0, 1.0)
 
   @jax.jit
-  def value_and_grad(x):
-    def objective(x):
-      g = gradients.batch_grad(model, params, x, y)
+  def value_and_grad(z):
+    def objective(z):
+      g = gradients.batch_grad(model, params, m0 + s0 * z, y)
       return (objectives.cosine_distance(g, grads)
-              + cfg.tv_weight * objectives.total_variation(x))
-    return jax.value_and_grad(objective)(x)
+              + cfg.tv_weight * objectives.total_variation(z))
+    return jax.value_and_grad(objective)(z)
 
   x = jax.random.normal(key, res.x_rec.shape)  # One restart: the key itself.
   m = v = np.zeros(x.shape)
@@ -469,11 +486,32 @@ def test_gs_iterates_are_signed_adam_steps_clipped_to_the_box():
     m, v = 0.9 * m + 0.1 * s, 0.999 * v + 0.001 * s * s
     step = (cfg.learning_rate * scale * (m / (1 - 0.9 ** t))
             / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8))
-    x = jnp.asarray(np.clip(np.asarray(x, np.float64) - step, 0.0, 1.0),
-                    jnp.float32)
-  np.testing.assert_allclose(res.loss_history, losses, rtol=1e-5)
-  np.testing.assert_allclose(res.x_rec, x, atol=1e-6)
-  np.testing.assert_allclose(res.final_loss, value_and_grad(x)[0], rtol=1e-5)
+    x = jnp.asarray(np.clip(np.asarray(x, np.float64) - step, -m0 / s0,
+                            (1 - m0) / s0), jnp.float32)
+  # z's float32 box ((0 - m) / s) and x = m + s z round differently from
+  # this float64 replay: 1e-4 there (a wrong rule differs by far more).
+  rtol = 1e-5 if normalization is None else 1e-4
+  np.testing.assert_allclose(res.loss_history, losses, rtol=rtol)
+  np.testing.assert_allclose(res.x_rec, m0 + s0 * x, atol=rtol / 10)
+  np.testing.assert_allclose(res.final_loss, value_and_grad(x)[0], rtol=rtol)
+
+
+def test_gs_normalization_checks_and_identity():
+  """(0, 1) is the pixel-space attack, bit for bit; bad stats are one line
+  naming the field."""
+  model, params, grads = _logreg_setup()
+  gs = attacks.get_attack("gs")
+  kw = dict(iterations=5, restarts=1)
+  plain = gs(model, params, grads, 1, jax.random.key(1), **kw)
+  same = gs(model, params, grads, 1, jax.random.key(1),
+            normalization=((0.0,), (1.0,)), **kw)
+  np.testing.assert_array_equal(plain.x_rec, same.x_rec)
+  for bad, match in (((0.5,), "normalization must be"),
+                     ((0.5, 0.0), "stds > 0"),
+                     ((0.5, (0.2, 0.3)), "normalization std has 2 values"),
+                     ("ms", "normalization must be")):
+    with pytest.raises(ValueError, match=match):
+      gs(model, params, grads, 1, jax.random.key(1), normalization=bad, **kw)
 
 
 # ----------------------------------------------------------------- API, errors

@@ -268,3 +268,35 @@ def test_seeds_not_matching_the_samples_are_ignored():
   assert r["value"] == pytest.approx(0.9 / 0.0115)
   assert r["low"] is not None
   assert ea.ratio_curve([s], [q])["median"]["low"] is not None
+
+
+def test_a_baseline_point_whose_attacks_all_diverged_leaves_the_median():
+  """No finite privacy sample at a baseline point: reported, out of the
+  median (which stays a number, not NaN)."""
+  dead = _pt(1.5, 0.86, 0.01)
+  dead["mse_clamped"] = [float("nan")] * 8
+  out = ea.ratio_curve(SOTERIA, [*BASELINE, dead])
+  rows = {r["baseline_strength"]: r for r in out["per_point"]}
+  assert rows[1.5]["in_range"] is False
+  assert out["median"]["value"] == pytest.approx(10.0)
+  assert out["median"]["n"] == 2
+
+
+def test_point_means_are_the_reported_means_over_seeds():
+  """Divergence can leave seeds with unequal image counts; the frontier and
+  the first protective point use the mean over the seeds' means, as the
+  tables do (pooled, this point would pass as protective at 0.2)."""
+  p = {"strength": 10, "accuracy": [0.9] * 3, "mse_clamped": [0.1] * 9,
+       "ssim": [0.1] * 8 + [0.5], "seeds": [0] * 8 + [1]}
+  assert ea.mean_of(p, "ssim") == pytest.approx(0.3)
+  assert ea.first_protective([p], 0.2) is None
+  assert ea.first_protective([p], 0.3)["strength"] == 10
+  q = {**p, "mse_clamped": [1.0] * 8 + [3.0], "seeds": [0] * 8 + [1]}
+  assert ea.ratio_ci(q, p, "mse_clamped")["value"] == pytest.approx(20.0)
+
+
+def test_a_diverged_baseline_training_is_named_at_the_first_protective():
+  bad = _pt(2, 0.85, 0.02, ssim=0.1)
+  bad["accuracy"] = [0.85, float("nan"), 0.85]
+  out = ea.ratio_at_first_protective(SOTERIA, [bad], 0.2)
+  assert out["value"] is None and "diverged" in out["note"]

@@ -362,8 +362,9 @@ def infer_labels(model: models_lib.Model, shared_grads: Params,
 
   A batch: the bias gradient ``mean_b (p_b - y_b)`` (untouched by Soteria
   unless ``protect_bias``) is
-  negative for the classes present (kernel column sums when there is no
-  bias). Those classes, most negative first, fill the labels; if fewer
+  negative for the classes present (the kernel column sums, whose entries
+  have the same signs, when there is no bias or its gradient is all zero,
+  e.g. under ``protect_bias``). Those classes, most negative first, fill the labels; if fewer
   classes are negative than images, the rest repeat the most negative class.
   Entry k is ``(sum_b p_bk - n_k) / B``, so a present class is found only when
   the model's summed probability for it stays below its count (true for an
@@ -385,7 +386,9 @@ def infer_labels(model: models_lib.Model, shared_grads: Params,
   col = jnp.sum(kernel.reshape(-1, kernel.shape[-1]), axis=0)
   if num_images == 1:
     return jnp.argmin(col)[None].astype(jnp.int32)
-  s = layer["bias"] if "bias" in layer else col
+  s = col
+  if "bias" in layer:  # A bias gradient zeroed by the defense says nothing.
+    s = jnp.where(jnp.any(layer["bias"] != 0), layer["bias"], col)
   order = jnp.argsort(s)
   n_neg = jnp.sum(s < 0)
   idx = jnp.arange(num_images)

@@ -36,6 +36,14 @@ Where this departs from the reference PyTorch code:
   exceeds ``diverge_factor`` times the initial loss, or whose image leaves
   ``[-max_abs_pixel, max_abs_pixel]`` is rejected, the loop stops and the
   result says ``diverged=True`` (PyTorch carries on into NaN).
+* Labels: ``labels`` passed to the attack are used as hard labels and only
+  the image is optimised, whatever ``infer_label`` says (the paper harness
+  passes the true labels to every attack but iDLG: a stronger attacker than
+  Zhu et al.'s, which learns a soft label). iDLG's rule reads one image's
+  label; for a batch ``infer_label`` uses the bias-gradient heuristic of
+  :func:`repdef_jax.attacks.base.infer_labels` (order arbitrary, classes
+  present can be missed on a confident model), which is not in the iDLG
+  paper.
 * Additions (not in the paper): ``restarts`` independent starts in parallel,
   keeping the lowest final loss; ``optimizer='linesearch'``, the same
   directions with a backtracking Armijo search, for settings where plain

@@ -37,6 +37,15 @@ Where this departs from the paper / reference code:
   24,000: 9,000 / 15,000 / 21,000 against 8,998 / 14,999 / 21,015).
 * The initial image is drawn from a standard normal, as the reference, and is
   not projected before the first step.
+* Pixel space: by default the attack optimises the model's own input, here
+  [0, 1] pixels, with the reference's numbers (N(0, 1) start, lr 0.1, TV
+  weight 1e-4). The reference optimises mean/std-normalised images, so in
+  pixel units its start is narrower (std ~0.25 on CIFAR-10), its steps are
+  ~4x smaller and its TV weight relatively larger; ``normalization=(mean,
+  std)`` runs it in that space. The paper harness records which it used.
+* Unknown labels of a batch (B > 1) come from the bias-gradient heuristic
+  of :func:`repdef_jax.attacks.base.infer_labels`; inversefed optimises
+  label logits jointly with the images instead.
 * A FedAvg update (``local_steps`` > 1): the trial gradient is the client's
   update unrolled over ``local_steps`` full-batch SGD steps of ``local_lr``
   from the dummy images (the paper's Sec. 6 attack on local updates; the
@@ -85,6 +94,14 @@ class GSConfig:
     local_steps: 1 matches one gradient; I > 1 matches a client's update
       after I full-batch local SGD steps (shared as ``-delta / (lr * I)``).
     local_lr: the client's learning rate (required when ``local_steps`` > 1).
+    normalization: ``(mean, std)``, one value per channel (or scalars), to
+      optimise in the reference's space, ``z = (x - mean) / std`` (its models
+      take normalised images): the initial ``z`` is standard normal, Adam's
+      steps and the TV prior are in ``z`` units and ``lower``/``upper``
+      (still the model's input box) are mapped into ``z``; the model sees
+      and the attack returns ``x = mean + std * z``. None: optimise ``x``
+      itself. A dataset's: ``(info.mean, info.std)`` of
+      :func:`repdef_jax.data.get_info`.
   """
 
   iterations: int = 2000
@@ -98,6 +115,7 @@ class GSConfig:
   progress_every: int = 0
   local_steps: int = 1
   local_lr: float = 0.0
+  normalization: tuple[Any, Any] | None = None
 
 
 def box_from_normalization(mean: Sequence[float],
@@ -164,6 +182,18 @@ def _check(model: models_lib.Model, config: GSConfig,
   if not np.all(lo < hi):
     raise ValueError(f"lower must be < upper in every channel; got "
                      f"lower={config.lower!r}, upper={config.upper!r}.")
+  if config.normalization is not None:
+    norm = config.normalization
+    if isinstance(norm, (str, bytes)) or len(norm) != 2:
+      raise ValueError(f"normalization must be (mean, std) or None; got "
+                       f"{norm!r}.")
+    mean, std = (_box(v, f"normalization {n}", c)
+                 for v, n in zip(norm, ("mean", "std")))
+    if not np.all(np.isfinite(mean)) or not np.all(
+        np.isfinite(std) & (np.asarray(std) > 0)):
+      raise ValueError(f"normalization needs finite means and stds > 0; "
+                       f"got {norm!r}.")
+    config = dataclasses.replace(config, normalization=(mean, std))
   for name in ("restarts", "iterations", "local_steps"):
     base.check_int(config, name, 1)
   base.check_int(config, "progress_every", 0)
@@ -266,6 +296,11 @@ def _gs_jit(model, params, shared, keys, labels, run_id, *, num_images, infer,
   shape = (num_images, *model.input_shape)
   lower = jnp.asarray(config.lower, jnp.float32)
   upper = jnp.asarray(config.upper, jnp.float32)
+  # The optimised variable z; the model's input is to_input(z).
+  mean, std = (jnp.asarray(v, jnp.float32)
+               for v in (config.normalization or (0.0, 1.0)))
+  to_input = lambda z: mean + std * z  # noqa: E731
+  lower, upper = (lower - mean) / std, (upper - mean) / std
   if infer:
     labels = jax.vmap(
         lambda g: base.infer_labels(model, g, num_images))(shared)
@@ -273,14 +308,15 @@ def _gs_jit(model, params, shared, keys, labels, run_id, *, num_images, infer,
       lambda g: objectives.view_weights(model, g, config.view))(shared)
   opt = optax.adam(step_schedule(config.learning_rate, config.iterations))
 
-  def loss_fn(x, g_ref, w, lab):
+  def loss_fn(z, g_ref, w, lab):
+    x = to_input(z)
     if config.local_steps == 1:
       g = gradients_lib.batch_grad(model, params, x, lab)
     else:
       g = gradients_lib.local_update_direction(
           model, params, x, lab, config.local_steps, config.local_lr)
     dist = objectives.gradient_distance("cosine", g, g_ref, w)
-    return dist + config.tv_weight * objectives.total_variation(x)
+    return dist + config.tv_weight * objectives.total_variation(z)
 
   value_and_grad = jax.value_and_grad(loss_fn)
 
@@ -336,7 +372,7 @@ def _gs_jit(model, params, shared, keys, labels, run_id, *, num_images, infer,
   best, diverged = base.choose_restart(finals, bad)
   hist = base.pick(jnp.moveaxis(hists, 0, -1), best)
   return base.AttackResult(
-      x_rec=base.pick(x, best), labels_rec=labels.astype(jnp.int32),
+      x_rec=to_input(base.pick(x, best)), labels_rec=labels.astype(jnp.int32),
       loss_history=hist, final_loss=base.pick(finals, best),
       diverged=diverged,
       iterations=jnp.full((num,), config.iterations, jnp.int32))

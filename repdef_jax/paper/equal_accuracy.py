@@ -46,10 +46,12 @@ def mean_accuracy(point: Point) -> float:
 
 
 def mean_of(point: Point, metric: str) -> float:
-  """Mean of a point's per-image samples of ``metric`` (NaN when none)."""
-  v = np.asarray(point[metric], np.float64)
-  v = v[np.isfinite(v)]
-  return float(np.mean(v)) if v.size else float("nan")
+  """Mean of a point's finite per-image samples of ``metric`` as the tables
+  report it (:func:`repdef_jax.paper.stats.mean_ci`: the mean of the seeds'
+  means when the seeds are recorded, which differs from the pooled mean
+  when divergence leaves seeds with unequal counts); NaN when none."""
+  m = stats.mean_ci(point[metric], groups=_seeds(point, metric))["mean"]
+  return float("nan") if m is None else float(m)
 
 
 def frontier(points: Sequence[Point], accuracy: float,
@@ -123,7 +125,7 @@ def _median_ratio_ci(pairs: list[tuple[Point, Point]], metric: str,
   for key, p in cells.items():
     v, split = stats.finite_groups(p[metric], _seeds(p, metric))
     values[key] = (v, split)
-  mean = {key: v.mean() for key, (v, _) in values.items()}
+  mean = {key: stats.center(v, split) for key, (v, split) in values.items()}
   value = float(np.median([mean[id(a)] / mean[id(b)] for a, b in pairs]))
   rng = np.random.default_rng(seed)
   draws = {key: stats.resampler(v, split, rng)
@@ -169,9 +171,13 @@ def ratio_curve(soteria: Sequence[Point], baseline: Sequence[Point],
   for q in sorted(baseline, key=lambda p: p["strength"]):
     a = mean_accuracy(q)
     s = frontier(soteria, a, metric)
+    privacy = mean_of(q, metric)
+    # A baseline point without a finite privacy sample (every attack
+    # diverged on every image) has no ratio: out of the median.
     row = {"baseline_strength": q["strength"], "baseline_accuracy": a,
-           "baseline_privacy": mean_of(q, metric),
-           "in_range": bool(lo <= a <= hi) and s is not None}
+           "baseline_privacy": privacy,
+           "in_range": bool(lo <= a <= hi) and s is not None
+                       and math.isfinite(privacy)}
     if s is not None:
       r = ratio_ci(s, q, metric)
       row.update({"soteria_strength": s["strength"],
@@ -195,6 +201,10 @@ def ratio_at_first_protective(soteria: Sequence[Point],
     return {"threshold": threshold, "baseline_strength": None,
             "value": None, "low": None, "high": None,
             "note": "baseline never protective in the sweep"}
+  if not math.isfinite(mean_accuracy(q)):
+    return {"threshold": threshold, "baseline_strength": q["strength"],
+            "value": None, "low": None, "high": None,
+            "note": "the baseline's training diverged (no accuracy)"}
   s = frontier(soteria, mean_accuracy(q), metric)
   if s is None:
     return {"threshold": threshold, "baseline_strength": q["strength"],

@@ -10,8 +10,10 @@ to the reference run's and compared by the rule of docs/evaluation.md
 * the verdicts agree: same verdict word ('held', 'did not hold',
   'inconclusive', 'reported'; the reason in parentheses is not compared);
 * the estimates agree: the two 95 % intervals overlap (where one run has no
-  interval, its value must lie in the other's; where neither has a value,
-  or only one has, there is nothing to compare: the verdicts decide).
+  interval, its value must lie in the other's; where both have values and
+  neither an interval, the values must be equal; where neither has a
+  value, or only one has, there is nothing to compare: the verdicts
+  decide).
 
 A claim replicates when both hold. Claims of parts the replica did not run
 are listed as not replicated, never as agreeing.

@@ -93,6 +93,14 @@ def mean_ci(values: Sequence[float], level: float = LEVEL,
   return {**out, "mean": mean, "low": mean - half, "high": mean + half}
 
 
+def center(v: np.ndarray, split: list[np.ndarray] | None) -> float:
+  """The mean :func:`mean_ci` reports: of the group means with two or more
+  groups, else of the values."""
+  if split is not None and len(split) >= 2:
+    return float(np.mean([g.mean() for g in split]))
+  return float(np.mean(v))
+
+
 def resampler(v: np.ndarray, split: list[np.ndarray] | None,
                rng: np.random.Generator) -> Callable[[], np.ndarray]:
   """Draws one bootstrap sample of ``v``: of its groups, then of the values
@@ -170,7 +178,8 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
              seed: int = 0, numerator_groups: Sequence[Any] | None = None,
              denominator_groups: Sequence[Any] | None = None
              ) -> dict[str, Any]:
-  """``mean(numerator) / mean(denominator)`` with a bootstrap interval.
+  """``mean(numerator) / mean(denominator)`` with a bootstrap interval
+  (each mean as :func:`mean_ci` reports it: over the groups' means).
 
   The two samples are resampled independently (they come from different
   cells), each by its groups (seeds) when given. A non-positive
@@ -182,9 +191,9 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
   a, split_a = finite_groups(numerator, numerator_groups)
   b, split_b = finite_groups(denominator, denominator_groups)
   out = {"n_num": int(a.size), "n_den": int(b.size)}
-  if a.size == 0 or b.size == 0 or np.mean(b) <= 0:
+  if a.size == 0 or b.size == 0 or center(b, split_b) <= 0:
     return {**out, "value": None, "low": None, "high": None}
-  value = float(np.mean(a) / np.mean(b))
+  value = center(a, split_a) / center(b, split_b)
   if a.size < 2 or b.size < 2:
     return {**out, "value": value, "low": None, "high": None}
   rng = np.random.default_rng(seed)
