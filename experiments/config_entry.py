@@ -3,7 +3,8 @@
 Each experiment module defines ``--config`` (an ``ml_collections`` file in
 ``experiments/configs/``, found next to this module, so the entry points run
 from any folder once installed), ``--workdir``, ``--data_dir`` and
-``--quiet`` with :func:`make_main` and hands the config to one library
+``--quiet`` (and ``--plugins``: modules imported first, e.g. a
+registered Soteria perturbation) with :func:`make_main` and hands the config to one library
 function ``run(config, workdir) -> result``. Shortcut flags
 (``--dataset=mnist``) may stand for config fields (``--config.dataset=mnist``);
 a shortcut with choices is an enum flag, so ``--help`` lists the valid values.
@@ -164,6 +165,10 @@ def make_main(name: str, run: Callable[[Any, str], Any],
       "otherwise downloads, docs/data.md).")
   quiet_flag = flags.DEFINE_bool(
       "quiet", False, f"No progress lines or ETAs (also {data.QUIET_ENV}=1).")
+  plugins_flag = flags.DEFINE_list(
+      "plugins", [], "Python modules imported before the run, e.g. one "
+      "registering a Soteria perturbation for --config.soteria_q "
+      "(docs/design.md).")
   defaults = (importlib.import_module(f"experiments.configs.{name}")
               .get_config() if shortcuts else None)
   holders = {field: _define_shortcut(field, defaults, choices)
@@ -175,7 +180,7 @@ def make_main(name: str, run: Callable[[Any, str], Any],
   caller = sys._getframe(1).f_globals["__name__"]  # pylint: disable=protected-access
   for module in {caller, sys.argv[0]} - {"__main__"}:
     for flag in (config_flag, workdir_flag, data_dir_flag, quiet_flag,
-                 *holders.values()):
+                 plugins_flag, *holders.values()):
       flags.FLAGS.register_key_flag_for_module(module,
                                                flags.FLAGS[flag.name])
 
@@ -186,6 +191,13 @@ def make_main(name: str, run: Callable[[Any, str], Any],
     if quiet_flag.value:  # Also reaches subprocesses (reproduce's parts).
       os.environ[data.QUIET_ENV] = "1"
     storage.enable_compilation_cache()
+    for module in plugins_flag.value:
+      try:
+        importlib.import_module(module)
+      except ImportError as error:
+        print(f"{name}: error: --plugins: cannot import {module!r} "
+              f"({error}).", file=sys.stderr)
+        sys.exit(1)
     config = config_flag.value
     for field, holder in holders.items():
       if holder.value is not None:

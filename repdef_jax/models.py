@@ -885,6 +885,17 @@ def get_model(name: str,
   return model
 
 
+def check_model(model: Any, name: str = "model") -> "Model":
+  """``model`` if it is a :class:`Model` (from :func:`get_model`), else a
+  one-line ValueError naming ``name`` (e.g. a model's name string)."""
+  if not isinstance(model, Model):
+    raise ValueError(f"{name} must be a repdef_jax Model (repdef_jax."
+                     f"get_model(...)), got {type(model).__name__}"
+                     + (f" {model!r}" if isinstance(model, str) else "")
+                     + ".")
+  return model
+
+
 def check_key(key: Any, name: str = "key") -> None:
   """Raises a ValueError unless ``key`` is one PRNG key: a typed key
   (``jax.random.key``) or a raw ``uint32`` one (``jax.random.PRNGKey``, of

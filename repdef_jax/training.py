@@ -234,18 +234,19 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"defense must be one of "
                      f"{', '.join(defenses.DEFENSE_NAMES)}; got "
                      f"{config.defense!r}.")
+  if config.defense == "soteria" and (
+      config.soteria_q not in defenses.soteria.PERTURBATIONS):
+    raise ValueError(
+        f"soteria_q must name a registered perturbation, one of "
+        f"{tuple(defenses.soteria.PERTURBATIONS)} ('q0': the paper's "
+        f"q = 0); got {config.soteria_q!r}.")
   defenses.check_strength(config.defense, config.defense_strength,
-                          "defense_strength")
+                          "defense_strength", q=config.soteria_q)
   if config.defense == "soteria":
     if config.soteria_score not in defenses.soteria.SCORES:
       raise ValueError(f"soteria_score must be one of "
                        f"{', '.join(defenses.soteria.SCORES)}; got "
                        f"{config.soteria_score!r}.")
-    if config.soteria_q not in defenses.soteria.PERTURBATIONS:
-      raise ValueError(
-          f"soteria_q must name a registered perturbation, one of "
-          f"{tuple(defenses.soteria.PERTURBATIONS)} ('q0': the paper's "
-          f"q = 0); got {config.soteria_q!r}.")
 
 
 def _check_workdir(config: ml_collections.ConfigDict, workdir: str) -> bool:

@@ -897,6 +897,18 @@ CASES = [
     Case("CLI experiments.fedavg without --workdir",
          lambda e: _cli("experiments.fedavg"), error=None,
          check=lambda p: _cli_error(p, r"--workdir")),
+    Case("CLI experiments.fedavg --plugins=<missing module>",
+         lambda e: _cli("experiments.fedavg", "--plugins=no_such_plugin",
+                        f"--workdir={e['tmp']}"), error=None,
+         check=lambda p: _one_line_error(
+             p, r"fedavg: error: --plugins: cannot import 'no_such_plugin' "
+             r"\(No module named")),
+    Case("CLI experiments.fedavg --config.soteria_q=q9 (not registered)",
+         lambda e: _cli("experiments.fedavg", "--config.defense=soteria",
+                        "--config.soteria_q=q9", f"--workdir={e['tmp']}"),
+         error=None, check=lambda p: _one_line_error(
+             p, r"fedavg: error: soteria_q must name a registered "
+             r"perturbation, one of \('q0',\)")),
     Case("CLI experiments.attack --images=<missing path>",
          lambda e: _cli("experiments.attack", "--images=/nonexistent/x",
                         f"--workdir={e['tmp']}"), error=None,

@@ -423,11 +423,26 @@ def test_restarted_auditor_keeps_the_earlier_records(fl, tmp_path):
       "".join(json.dumps(r) + "\n" for r in earlier))
   strategy = fl.AuditingFedAvg(model, "dlg", client_lr=0.1,
                                workdir=str(tmp_path))
-  assert strategy.audit_log == earlier
-  for kw in ({"attack": "gs"}, {"attack": "dlg", "seed": 3}):
+  assert strategy.audit_log == earlier and strategy.server_start == 2
+  for kw in ({"attack": "gs"}, {"attack": "dlg", "seed": 3},
+             {"attack": "dlg", "run_info": {"defense": "none"}}):
     with pytest.raises(ValueError, match=r"holds an audit by attack 'dlg', "
-                       r"seed 0; this one is .*use another workdir"):
+                       r"seed 0, run_info None; this one is .*use another "
+                       r"workdir"):
       fl.AuditingFedAvg(model, client_lr=0.1, workdir=str(tmp_path), **kw)
+  # Records of a run with run_info (the clients' defense): another defense
+  # on the same workdir is refused, the same one is the next start.
+  info = {"defense": "soteria", "defense-strength": 80.0}
+  (tmp_path / "audit.jsonl").write_text("".join(
+      json.dumps({**r, "start": 3, "run": info}) + "\n" for r in earlier))
+  again = fl.AuditingFedAvg(model, "dlg", client_lr=0.1, run_info=info,
+                            workdir=str(tmp_path))
+  assert again.server_start == 4
+  with pytest.raises(ValueError, match="run_info {'defense': 'none'}"):
+    fl.AuditingFedAvg(model, "dlg", client_lr=0.1, workdir=str(tmp_path),
+                      run_info={"defense": "none"})
+  with pytest.raises(ValueError, match="run_info must be a dict"):
+    fl.AuditingFedAvg(model, "dlg", client_lr=0.1, run_info="soteria")
 
 
 def test_audit_key_is_its_own_stream(fl):
@@ -496,8 +511,21 @@ def test_example_app_refuses_bad_run_config_and_untrained_rounds(fl):
   untrained model's accuracy."""
   from flwr.clientapp import ClientApp  # pylint: disable=g-import-not-at-top
   server_app, task, cfg = _example_app()
-  task.check(cfg)
+  # The embedded images (no TFDS needed), which hold 5 per class for 2 nodes.
+  cfg = {**cfg, "sample-data": True, "samples-per-class": 5}
+  task.check(cfg, 2)
   for key, value, match in (
+      ("seed", "a", "run-config seed must be an integer >= 0, got 'a'"),
+      ("num-server-rounds", 0, "run-config num-server-rounds must be an "
+       "integer >= 1, got 0"),
+      ("attack-images", -1, "attack-images must be an integer >= 0"),
+      ("max-test-examples", -5, "max-test-examples must be an integer"),
+      ("lr", "x", "run-config lr must be a number, got 'x'"),
+      ("sample-data", "false", "sample-data must be true or false"),
+      ("classes-per-client", 11, "run-config classes-per-client / "
+       "samples-per-class / sample-data"),
+      ("samples-per-class", 40, "run-config classes-per-client / "
+       "samples-per-class / sample-data"),
       ("defense-at", "foo", r"run-config defense-at must be one of "
        r"\('step', 'update', 'mod'\), got 'foo'"),
       ("fraction-train", 2.0, r"run-config fraction-train must be in "
@@ -505,21 +533,21 @@ def test_example_app_refuses_bad_run_config_and_untrained_rounds(fl):
       ("defense", "Soteria", "run-config defense / defense-strength: "
        "Unknown defense name 'Soteria'"),
       ("model", "resnet", "run-config dataset / model: Unknown model name"),
-      ("local-steps", 0, "run-config local-steps / batch-size / lr: "
-       "local_steps must be an integer >= 1"),
+      ("local-steps", 0, "run-config local-steps must be an integer >= 1"),
+      ("lr", -0.1, "run-config local-steps / batch-size / lr: client_lr"),
       ("attack", "dgl", "run-config attack must be one of"),
       ("audit-clients-per-round", 0,
-       "run-config audit-clients-per-round must be >= 1, got 0")):
+       "run-config audit-clients-per-round must be an integer >= 1, got 0")):
     with pytest.raises(ValueError, match=match):
-      task.check({**cfg, key: value})
+      task.check({**cfg, key: value}, 2)
   broken = ClientApp()
 
   @broken.train()
   def train(message, context):
     raise RuntimeError("this client cannot train")
 
-  run = {**cfg, "num-server-rounds": 1, "attack": "none", "sample-data": True,
-         "max-test-examples": 20}
+  run = {**cfg, "num-server-rounds": 1, "attack": "none",
+         "samples-per-class": 5, "max-test-examples": 20}
   with pytest.raises(RuntimeError, match=r"no client returned a training "
                      r"update in round\(s\) \[1\]"):
     fl.run_in_process(server_app.app, broken, 2, run_config=run)
@@ -824,6 +852,16 @@ def test_audit_log_files_ssim_and_caps_by_partition(fl, monkeypatch,
   assert len(lines) == 4
   assert [(r["round"], r["client"]) for r in lines] == [
       (r["round"], r["client"]) for r in strategy.audit_log]
+  # A restarted server starts again at round 1: its records and images are
+  # told apart from the first start's, which stay.
+  restarted = fl.AuditingFedAvg(model, "dlg", workdir=str(tmp_path),
+                                **kwargs)
+  _audit_round(fl, restarted, grid, _logreg_params(1, 0.01, 0.01), 1)
+  with open(tmp_path / "audit.jsonl") as f:
+    lines = [json.loads(line) for line in f]
+  assert [r["start"] for r in lines] == [1] * 4 + [2] * 2
+  assert os.path.exists(tmp_path / "round_001_client_1.png")
+  assert os.path.exists(tmp_path / "start_2_round_001_client_1.png")
   capped = fl.AuditingFedAvg(model, "dlg", max_audits_per_round=1, **kwargs)
   replies, _ = _audit_round(fl, capped, grid, glob, 1)
   assert replies[0].has_error()
@@ -918,3 +956,31 @@ def test_repinfer_audit_inverts_the_head_input(fl, monkeypatch):
   np.testing.assert_allclose(targets[classes.index(3)],
                              np.asarray(model.features(params, x)[0]),
                              rtol=1e-4, atol=1e-6)
+
+
+def test_library_bad_inputs_are_one_line_errors_naming_the_argument(fl):
+  """A model's name for the model, a dict for the config, no data loader, a
+  string seed or node count: one ValueError naming the argument, before
+  any message arrives (they were AttributeErrors, or failed in a round)."""
+  model = models.get_model("logreg", (28, 28, 1), 10)
+  config = fedavg.FedAvgConfig(local_steps=1, batch_size=2, client_lr=0.1)
+  load = lambda context: (np.zeros((2, 28, 28, 1)), np.zeros(2), None)  # noqa: E731
+  app = fl.make_client_app(model, config, load)
+  for kwargs, match in (
+      (dict(model="logreg"), r"model must be a repdef_jax Model .*got str "
+       r"'logreg'"),
+      (dict(config={"local_steps": 1}), "config must be a fedavg.FedAvgConfig"),
+      (dict(load_data=None), "load_data must be a function"),
+      (dict(seed="a"), "seed must be an integer, got 'a'")):
+    args = {"model": model, "config": config, "load_data": load, **kwargs}
+    seed = args.pop("seed", 0)
+    with pytest.raises(ValueError, match=match):
+      fl.make_client_app(args["model"], args["config"], args["load_data"],
+                         seed=seed)
+  with pytest.raises(ValueError, match="model must be a repdef_jax Model"):
+    fl.AuditingFedAvg("logreg", "dlg", client_lr=0.1)
+  with pytest.raises(ValueError, match="seed must be an integer"):
+    fl.AuditingFedAvg(model, "dlg", client_lr=0.1, seed=1.5)
+  with pytest.raises(ValueError, match="num_nodes must be an integer >= 1, "
+                     "got '2'"):
+    fl.InProcessGrid(app, "2")

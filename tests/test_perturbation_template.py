@@ -1,11 +1,19 @@
 """Contract every registered Soteria perturbation (q-norm) must satisfy.
 
 Template for a new norm: register it with
-``@repdef_jax.defenses.soteria.register_perturbation('q2')`` and these
-parametrised tests run on it automatically (shape, finiteness, determinism,
-jit, strength 0 = identity, a positive strength perturbs and a larger one
-no fewer rows, only the defended kernel rows touched).
+``@repdef_jax.defenses.soteria.register_perturbation('q2')`` in a module and
+name the module in ``$REPDEF_JAX_PLUGINS`` (comma-separated; imported here
+before the tests are collected), e.g. ``REPDEF_JAX_PLUGINS=myq2 pytest
+tests/test_perturbation_template.py``; these parametrised tests then run on
+it too (shape, finiteness, determinism, jit, strength 0 = identity, a
+positive strength perturbs and a larger one no fewer rows, only the
+defended kernel rows touched).
 """
+
+import importlib
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +24,10 @@ from repdef_jax import gradients
 from repdef_jax import models
 from repdef_jax.defenses import base
 from repdef_jax.defenses import soteria as S
+
+for _plugin in filter(None, os.environ.get("REPDEF_JAX_PLUGINS",
+                                           "").split(",")):
+  importlib.import_module(_plugin.strip())
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +82,64 @@ def test_perturbation_contract(setup, name, strength):
           rtol=1e-6, atol=1e-7)
     else:
       np.testing.assert_array_equal(a, b)
+
+
+def test_a_plugin_norm_reaches_the_contract_and_the_command_line(tmp_path):
+  """A module registering 'q9' (row scale 1, strength in its own units):
+  named in $REPDEF_JAX_PLUGINS, the contract runs on it; named by
+  ``--plugins``, ``experiments.fedavg`` accepts ``soteria_q='q9'`` with
+  strength 150 (the run then stops at the missing data, after the config
+  checks); without it the command names the registered norms."""
+  (tmp_path / "myq9.py").write_text(
+      "import jax.numpy as jnp\n"
+      "from repdef_jax.defenses import soteria\n\n\n"
+      "@soteria.register_perturbation('q9')\n"
+      "def q9(ctx, strength):\n"
+      "  scale = 1.0 / (1.0 + strength / 100.0)\n"
+      "  return jnp.where(ctx.scores <= jnp.min(ctx.scores), scale, 1.0), {}\n")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {k: v for k, v in os.environ.items() if k != "TFDS_DATA_DIR"}
+  env.update(PYTHONPATH=os.pathsep.join([str(tmp_path), root]),
+             JAX_PLATFORMS="cpu", REPDEF_JAX_OFFLINE="1",
+             REPDEF_JAX_CACHE=str(tmp_path / "cache"))
+  run = lambda *args: subprocess.run(  # noqa: E731
+      [sys.executable, *args], cwd=root, env=env, capture_output=True,
+      text=True, timeout=300)
+  contract = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
+              "addopts=", os.path.abspath(__file__), "-k", "contract and q9")
+  out = run(*contract)  # Not registered: no q9 case is collected.
+  assert out.returncode == 5, out.stdout[-2000:]
+  env["REPDEF_JAX_PLUGINS"] = "myq9"
+  out = run(*contract)
+  assert out.returncode == 0 and "3 passed" in out.stdout, out.stdout[-2000:]
+  flags = ["--config.defense=soteria", "--config.soteria_q=q9",
+           "--config.defense_strength=150", f"--data_dir={tmp_path}",
+           f"--workdir={tmp_path / 'run'}"]
+  out = run("-m", "experiments.fedavg", "--plugins=myq9", *flags)
+  assert "fedavg: error: No data for dataset 'mnist'" in out.stderr, (
+      out.stderr[-2000:])
+  out = run("-m", "experiments.fedavg", *flags)
+  assert "soteria_q must name a registered perturbation" in out.stderr
+
+
+def test_registration_and_strength_checks_follow_the_norm():
+  """A non-callable is refused at registration, naming the norm; a FedAvg
+  config checks a registered norm's strength by that norm's rule (150 is
+  no percent, yet fine for a norm in its own units), q0's as a percent."""
+  with pytest.raises(ValueError, match="perturbation 'zz' must be a "
+                     "function"):
+    S.register_perturbation("zz")(5)
+  assert "zz" not in S.PERTURBATIONS
+  from repdef_jax import defenses  # pylint: disable=g-import-not-at-top
+  name = "q_units_test"
+  S.register_perturbation(name)(
+      lambda ctx, strength: (jnp.ones_like(ctx.scores), {}))
+  try:
+    defenses.check_strength("soteria", 150.0, "defense_strength", q=name)
+    with pytest.raises(ValueError, match="finite real number"):
+      defenses.check_strength("soteria", float("nan"), q=name)
+  finally:
+    S.PERTURBATIONS.pop(name)
+  with pytest.raises(ValueError, match=r"defense_strength \(soteria\): "
+                     "percent must be"):
+    defenses.check_strength("soteria", 150.0, "defense_strength")

@@ -71,9 +71,7 @@ def validate_inputs(model: models_lib.Model, params: Params,
   Returns:
     ``labels`` as an int32 array (or None).
   """
-  if not isinstance(model, models_lib.Model):
-    raise ValueError("model must be a repdef_jax Model (repdef_jax."
-                     f"get_model(...)), got {type(model).__name__}.")
+  models_lib.check_model(model)
   gradients_lib.check_grads_match(params, shared_grads, "shared_grads")
   gradients_lib.check_finite(shared_grads, "shared_grads")
   num_images = check_num_images(num_images)

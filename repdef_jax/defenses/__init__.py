@@ -8,7 +8,7 @@ Public API:
   :func:`soteria_defense`; the name ``soteria`` stays the submodule so that
   ``repdef_jax.defenses.soteria.feature_scores`` works), :func:`feature_scores`,
   :func:`mask_from_scores`, :func:`apply_mask`, :data:`PERTURBATIONS`,
-  :func:`register_perturbation`;
+  :class:`PerturbationInputs`, :func:`register_perturbation`;
 * Theorem 1: :func:`certified_bound`, :func:`representation_distance`,
   :func:`empirical_bound`;
 * baselines: :func:`compression`, :func:`dp_gaussian`, :func:`dp_laplace`,
@@ -42,6 +42,7 @@ from repdef_jax.defenses.certify import representation_distance
 from repdef_jax.defenses.soteria import apply_mask
 from repdef_jax.defenses.soteria import feature_scores
 from repdef_jax.defenses.soteria import mask_from_scores
+from repdef_jax.defenses.soteria import PerturbationInputs
 from repdef_jax.defenses.soteria import PERTURBATIONS
 from repdef_jax.defenses.soteria import register_perturbation
 from repdef_jax.defenses.soteria import soteria as soteria_defense
@@ -57,17 +58,20 @@ def _require_model(name: str, model: Any) -> models_lib.Model:
   return model
 
 
-def check_strength(name: str, strength: Any, where: str = "strength"
-                   ) -> None:
+def check_strength(name: str, strength: Any, where: str = "strength",
+                   q: str = "q0") -> None:
   """Raises a ValueError naming ``where`` unless ``name`` is one of
   :data:`DEFENSE_NAMES` and ``strength`` suits it: a percent in [0, 100]
-  for Soteria and compression, a finite scale >= 0 for the DP noise and
-  DP-SGD's noise multiplier (checks that need no model)."""
+  for compression and Soteria's q0, a finite number in its own units for
+  another registered Soteria perturbation ``q``, a finite scale >= 0 for
+  the DP noise and DP-SGD's noise multiplier (checks that need no model)."""
   if name not in DEFENSE_NAMES:
     raise ValueError(f"{where}: unknown defense {name!r}; valid names: "
                      f"{', '.join(DEFENSE_NAMES)}.")
   try:
-    if name in ("soteria", "compression"):
+    if name == "soteria":
+      soteria.check_strength(strength, q)
+    elif name == "compression":
       soteria.check_percent(strength)
     elif name in ("dp_gaussian", "dp_laplace"):
       get_defense(name, strength)
@@ -84,7 +88,8 @@ def get_defense(name: str, strength: Any = 0.0, *,
 
   Args:
     name: one of :data:`DEFENSE_NAMES`.
-    strength: 'soteria' / 'compression': percent in [0, 100];
+    strength: 'soteria': its perturbation's strength (q0, the default:
+      percent in [0, 100]); 'compression': percent in [0, 100];
       'dp_gaussian' / 'dp_laplace': noise scale >= 0; 'dp_sgd': noise
       multiplier >= 0 (``clip_norm`` in kwargs, default 1.0); 'none': ignored.
     model: required by 'soteria' and 'dp_sgd'.
@@ -120,7 +125,8 @@ def get_defense(name: str, strength: Any = 0.0, *,
 
 
 __all__ = [
-    "DEFENSE_NAMES", "ClientBatch", "Defense", "PERTURBATIONS", "apply_mask",
+    "DEFENSE_NAMES", "ClientBatch", "Defense", "PERTURBATIONS",
+    "PerturbationInputs", "apply_mask",
     "baselines", "certified_bound", "certify", "chain", "check_strength",
     "compression",
     "dp_gaussian", "dp_laplace", "dp_sgd", "dp_sgd_epsilon", "empirical_bound",

@@ -181,8 +181,7 @@ def dp_sgd(model: models_lib.Model, clip_norm: Any,
     examples whose norm exceeded ``clip_norm``) and ``mean_grad_norm``
     (mean per-example global L2 norm of the real examples, before clipping).
   """
-  if not isinstance(model, models_lib.Model):
-    raise ValueError(f"model must be a repdef_jax Model, got {type(model)}.")
+  models_lib.check_model(model)
   clip = check_scale(clip_norm, "clip_norm")
   if clip <= 0:
     raise ValueError(f"clip_norm must be a finite number > 0, got "

@@ -77,9 +77,14 @@ def check_percent(percent: Any, name: str = "percent") -> None:
     raise ValueError(f"{name} must be a number in [0, 100], got {percent!r}.")
 
 
-def _check_strength(strength: Any, qname: str) -> None:
+def check_strength(strength: Any, qname: str) -> None:
   """Raises a ValueError unless ``strength`` is a finite real number (a
-  traced value passes); q0 also needs it in [0, 100]."""
+  traced value passes); q0 also needs it in [0, 100].
+
+  Args:
+    strength: the perturbation's strength, in its own units.
+    qname: a registered perturbation's name (:data:`PERTURBATIONS`).
+  """
   if qname == "q0":
     check_percent(strength)
     return
@@ -718,13 +723,28 @@ PERTURBATIONS: dict[str, Perturbation] = {}
 
 
 def register_perturbation(name: str) -> Callable[[Perturbation], Perturbation]:
-  """Decorator registering a perturbation under ``name`` (e.g. 'q2')."""
+  """Decorator registering a perturbation under ``name`` (e.g. 'q2').
+
+  Args:
+    name: the perturbation's name, ``soteria(..., q=name)``.
+
+  Returns:
+    The decorator; it returns the function unchanged.
+
+  Raises:
+    ValueError: ``name`` is empty, not a string, or already registered, or
+      the decorated object is not callable.
+  """
 
   if not isinstance(name, str) or not name:
     raise ValueError(f"name must be a non-empty string (the q of "
                      f"soteria(q=...)), got {name!r}.")
 
   def deco(fn: Perturbation) -> Perturbation:
+    if not callable(fn):
+      raise ValueError(f"perturbation {name!r} must be a function "
+                       f"fn(ctx, strength) -> (row_scale, info), got "
+                       f"{type(fn).__name__}.")
     if name in PERTURBATIONS:
       raise ValueError(f"A perturbation named {name!r} is already registered.")
     PERTURBATIONS[name] = fn
@@ -825,13 +845,12 @@ def soteria(model: models_lib.Model,
   Raises:
     ValueError: bad arguments, or a model without a defended linear layer.
   """
-  if not isinstance(model, models_lib.Model):
-    raise ValueError(f"model must be a repdef_jax Model, got {type(model)}.")
+  models_lib.check_model(model)
   _check_choice(score, SCORES, "score")
   _check_choice(selection, SELECTIONS, "selection")
   _check_choice(jacobian, JACOBIAN_MODES, "jacobian")
   qname = _resolve_q(q)
-  _check_strength(percent, qname)
+  check_strength(percent, qname)
   eps = model.score_eps if eps is None else _check_eps(
       eps, " (or None for model.score_eps)")
   if not isinstance(protect_bias, (bool, np.bool_)):

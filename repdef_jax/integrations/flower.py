@@ -233,6 +233,11 @@ def _node_data(load_data: LoadData, context: Context
   return x, jnp.asarray(y, jnp.int32), mask
 
 
+def _check_seed(seed: Any) -> None:
+  if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    raise ValueError(f"seed must be an integer, got {seed!r}.")
+
+
 def make_client_app(model: models_lib.Model, config: fedavg.FedAvgConfig,
                     load_data: LoadData, *, seed: int = 0,
                     mods: Optional[Sequence[Any]] = None) -> ClientApp:
@@ -259,6 +264,14 @@ def make_client_app(model: models_lib.Model, config: fedavg.FedAvgConfig,
   Returns:
     The ``ClientApp``.
   """
+  models_lib.check_model(model)
+  if not isinstance(config, fedavg.FedAvgConfig):
+    raise ValueError(f"config must be a fedavg.FedAvgConfig, got "
+                     f"{type(config).__name__}.")
+  if not callable(load_data):
+    raise ValueError(f"load_data must be a function of the node's Context, "
+                     f"got {type(load_data).__name__}.")
+  _check_seed(seed)
   config.validate()
   template = jax.eval_shape(model.init, jax.random.key(0))
   update, evaluate = _client_fns(model, config, seed)
@@ -411,7 +424,11 @@ class AuditingFedAvg(FedAvg):
   ``<workdir>/round_<r>_client_<id>.png``; the round's means are added to
   the aggregated train metrics as ``audit/<metric>``. A server restarted on
   the same workdir appends to the records it finds there (written by the
-  same attack and seed; another's are refused).
+  same attack, seed and ``run_info``; another's are refused). Flower does
+  not resume the global model, so a restart is a new run from round 1: its
+  records carry ``start`` (1, 2, ... per server start in the workdir) and
+  its images are named ``start_<k>_round_<r>_client_<id>.png`` from the
+  second start on.
 
   ``attack`` is a name of :data:`repdef_jax.attacks.ATTACK_NAMES` ('dlg',
   'gs', the adaptive 'dlg_drop' / 'gs_mask' ...) or 'repinfer'
@@ -428,7 +445,8 @@ class AuditingFedAvg(FedAvg):
                = None,
                workdir: Optional[str] = None, seed: int = 0,
                max_audits_per_round: Optional[int] = None,
-               repinfer_steps: int = 300, **fedavg_kwargs):
+               repinfer_steps: int = 300,
+               run_info: Optional[dict[str, Any]] = None, **fedavg_kwargs):
     """Args:
       model: the trained model.
       attack: see the class docstring.
@@ -443,6 +461,9 @@ class AuditingFedAvg(FedAvg):
       seed: the attack's PRNG seed (:func:`audit_key`).
       max_audits_per_round: attack at most this many updates per round.
       repinfer_steps: L-BFGS steps per image for 'repinfer'.
+      run_info: JSON-ready settings the server cannot see but the records
+        depend on (e.g. the clients' defense and strength), stored in every
+        record; a restart with other ``run_info`` is refused.
       **fedavg_kwargs: ``FedAvg``'s arguments (``fraction_train`` ...).
 
     Raises:
@@ -465,8 +486,11 @@ class AuditingFedAvg(FedAvg):
     if num_images is not None:
       attacks_base.check_num_images(num_images)
     attacks_base.check_int_value(repinfer_steps, "repinfer_steps", 1)
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-      raise ValueError(f"seed must be an integer, got {seed!r}.")
+    models_lib.check_model(model)
+    _check_seed(seed)
+    if run_info is not None and not isinstance(run_info, dict):
+      raise ValueError(f"run_info must be a dict or None, got "
+                       f"{type(run_info).__name__}.")
     if attack == REPINFER:
       if attack_config is not None or attack_overrides:
         raise ValueError("attack 'repinfer' takes repinfer_steps, not "
@@ -482,28 +506,36 @@ class AuditingFedAvg(FedAvg):
     self.workdir, self.seed = workdir, seed
     self.max_audits_per_round = max_audits_per_round
     self.repinfer_steps = repinfer_steps
+    self.run_info = (None if run_info is None else
+                     json.loads(json.dumps(run_info, sort_keys=True)))
+    self.server_start = 1
     self.audit_log: list[dict[str, Any]] = []
     self._template = jax.eval_shape(model.init, jax.random.key(0))
     self._sent: dict[int, ArrayRecord] = {}
     if workdir:
       os.makedirs(workdir, exist_ok=True)
       self.audit_log = self._earlier_audits()
+      self.server_start = 1 + max(
+          (r.get("start", 1) for r in self.audit_log), default=0)
 
   def _earlier_audits(self) -> list[dict[str, Any]]:
     """The records a killed server left in ``workdir/audit.jsonl``: kept (a
-    restart appends to them), unless another attack or seed wrote them."""
+    restart appends to them), unless another attack, seed or ``run_info``
+    wrote them."""
     path = os.path.join(self.workdir, "audit.jsonl")
     if not os.path.exists(path):
       return []
     with open(path, encoding="utf-8") as f:
       records = [json.loads(line) for line in f if line.strip()]
+    mine = (self.attack, self.seed, self.run_info)
     for r in records:
-      if (r.get("attack"), r.get("seed", self.seed)) != (self.attack,
-                                                         self.seed):
+      theirs = (r.get("attack"), r.get("seed", self.seed), r.get("run"))
+      if theirs != mine:
         raise ValueError(
             f"workdir {self.workdir!r} holds an audit by attack "
-            f"{r.get('attack')!r}, seed {r.get('seed')}; this one is "
-            f"{self.attack!r}, seed {self.seed}: use another workdir.")
+            f"{theirs[0]!r}, seed {theirs[1]}, run_info {theirs[2]}; this "
+            f"one is {self.attack!r}, seed {self.seed}, run_info "
+            f"{self.run_info}: use another workdir.")
     return records
 
   def configure_train(self, server_round, arrays, config, grid):
@@ -544,7 +576,10 @@ class AuditingFedAvg(FedAvg):
     ident = pid if pid is not None else index
     key = audit_key(self.seed, server_round, ident)
     record = {"round": server_round, "client": ident, "attack": self.attack,
-              "seed": self.seed, "node_id": int(reply.metadata.src_node_id)}
+              "seed": self.seed, "start": self.server_start,
+              "node_id": int(reply.metadata.src_node_id)}
+    if self.run_info is not None:
+      record["run"] = self.run_info
     if self.attack == REPINFER:
       x_rec, classes = self._repinfer(params, update, key)
       record["classes"] = classes
@@ -563,8 +598,7 @@ class AuditingFedAvg(FedAvg):
       if classes is not None:  # Class-mean images of the inferred classes.
         x_true = np.stack([x_true[y_true == c].mean(0) if np.any(y_true == c)
                            else np.zeros(x_true.shape[1:], np.float32)
-                           for c in classes] or [x_true[:0].mean(0)])[
-                               :len(classes)]
+                           for c in classes]) if classes else x_true[:0]
       if len(x_rec) and len(x_true) == len(x_rec):
         m = metrics_lib.reconstruction_metrics(x_rec, x_true)
         record.update({k: m[k] for k in ("mse", "psnr", "ssim",
@@ -615,8 +649,9 @@ class AuditingFedAvg(FedAvg):
                     vmin=0.0, vmax=1.0)
         if i == 0:
           ax.set_title(title, fontsize=8, loc="left")
+    prefix = f"start_{self.server_start}_" if self.server_start > 1 else ""
     storage.save_figure(fig, os.path.join(
-        self.workdir, f"round_{server_round:03d}_client_{ident}.png"))
+        self.workdir, f"{prefix}round_{server_round:03d}_client_{ident}.png"))
     plt.close(fig)
 
 
@@ -644,8 +679,10 @@ class InProcessGrid(Grid):
     from flwr.common.constant import SUPERLINK_NODE_ID  # pylint: disable=g-import-not-at-top
     from flwr.supercore.run import Run  # pylint: disable=g-import-not-at-top
     from flwr.supercore.task_identity import TaskIdentity  # pylint: disable=g-import-not-at-top
-    if num_nodes < 1:
-      raise ValueError(f"num_nodes must be >= 1, got {num_nodes}.")
+    if isinstance(num_nodes, bool) or not isinstance(
+        num_nodes, numbers.Integral) or num_nodes < 1:
+      raise ValueError(f"num_nodes must be an integer >= 1, got "
+                       f"{num_nodes!r}.")
     TaskIdentity.task_id = 1
     TaskIdentity.run_id = run_id
     TaskIdentity.node_id = SUPERLINK_NODE_ID

@@ -27,9 +27,9 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
   cfg = context.run_config
-  task.check(cfg)
-  model = task.model(cfg)
   num_nodes = len(list(grid.get_node_ids()))
+  task.check(cfg, num_nodes)
+  model = task.model(cfg)
   common = dict(fraction_train=float(cfg["fraction-train"]),
                 fraction_evaluate=0.0, min_train_nodes=1,
                 min_available_nodes=num_nodes)
@@ -48,7 +48,11 @@ def main(grid: Grid, context: Context) -> None:
         num_images=int(cfg["attack-images"]) or None,
         reference_data=lambda pid: task.client_data(cfg, pid, num_nodes)[:2],
         workdir=str(cfg["audit-dir"]), seed=int(cfg["seed"]),
-        max_audits_per_round=int(cfg["audit-clients-per-round"]), **common)
+        max_audits_per_round=int(cfg["audit-clients-per-round"]),
+        # What the records depend on but the server cannot see (the
+        # clients' defense...): a restart with other settings is refused.
+        run_info={k: v for k, v in cfg.items()
+                  if k not in ("audit-dir", "num-server-rounds")}, **common)
   test = task.test_data(cfg)
   evaluate = jax.jit(lambda p: fedavg.evaluate(model, p, test))
   template = task.initial_params(cfg)

@@ -17,6 +17,7 @@ from repdef_jax.integrations import flower
 
 
 def model(run_config):
+  """The configured model for the configured dataset (cached)."""
   info = data.get_info(run_config["dataset"])
   return _model(run_config["model"], info.image_shape, info.num_classes)
 
@@ -36,12 +37,42 @@ def defense(run_config):
 
 
 DEFENSE_AT = ("step", "update", "mod")
+# Integer keys and their least value; the number and bool keys.
+INT_KEYS = {"num-server-rounds": 1, "seed": 0, "classes-per-client": 1,
+            "samples-per-class": 1, "local-steps": 1, "batch-size": 1,
+            "attack-iterations": 1, "attack-images": 0,
+            "audit-clients-per-round": 1, "max-test-examples": 0}
+NUMBER_KEYS = ("fraction-train", "lr", "defense-strength")
+BOOL_KEYS = ("sample-data",)
 
 
-def check(run_config):
+def _check_types(run_config):
+  """Each key's type and range, as a one-line error naming the key."""
+  for key, low in INT_KEYS.items():
+    v = run_config[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+      raise ValueError(f"run-config {key} must be an integer >= {low}, got "
+                       f"{v!r}.")
+  for key in NUMBER_KEYS:
+    v = run_config[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      raise ValueError(f"run-config {key} must be a number, got {v!r}.")
+  for key in BOOL_KEYS:
+    if not isinstance(run_config[key], bool):
+      raise ValueError(f"run-config {key} must be true or false, got "
+                       f"{run_config[key]!r}.")
+
+
+def check(run_config, num_partitions):
   """Raises a ValueError naming the run-config key of a setting the apps
   cannot use. The ServerApp calls it before the first round: a typo then
-  stops the run instead of failing every client while the server goes on."""
+  stops the run instead of failing every client while the server goes on.
+
+  Args:
+    run_config: the run's config.
+    num_partitions: the number of nodes (the split is checked for them).
+  """
+  _check_types(run_config)
   if run_config["defense-at"] not in DEFENSE_AT:
     raise ValueError(f"run-config defense-at must be one of {DEFENSE_AT}, "
                      f"got {run_config['defense-at']!r}.")
@@ -53,15 +84,14 @@ def check(run_config):
   if run_config["attack"] not in attacks:
     raise ValueError(f"run-config attack must be one of {attacks}, got "
                      f"{run_config['attack']!r}.")
-  for key in ("attack-iterations", "audit-clients-per-round"):
-    if int(run_config[key]) < 1:
-      raise ValueError(f"run-config {key} must be >= 1, got "
-                       f"{run_config[key]!r}.")
   for keys, build in (
       ("dataset / model", lambda: model(run_config)),
       ("defense / defense-strength", lambda: defense(run_config)),
       ("local-steps / batch-size / lr",
-       lambda: fedavg_config(run_config, with_defense=False).validate())):
+       lambda: fedavg_config(run_config, with_defense=False).validate()),
+      ("classes-per-client / samples-per-class / sample-data (the split of "
+       f"{num_partitions} nodes)",
+       lambda: client_data(run_config, 0, num_partitions))):
     try:
       build()
     except ValueError as e:
@@ -107,6 +137,7 @@ def client_data(run_config, partition_id, num_partitions):
 
 
 def test_data(run_config):
+  """The server's test set (``max-test-examples``; 0: all)."""
   return _test_data(run_config["dataset"],
                     int(run_config["max-test-examples"]),
                     bool(run_config["sample-data"]))
@@ -119,5 +150,6 @@ def _test_data(dataset, max_examples, sample):
 
 
 def initial_params(run_config):
+  """The global model's initial parameters (the seed's init stream)."""
   keys = fedavg.key_streams(int(run_config["seed"]))
   return model(run_config).init(keys.init)
