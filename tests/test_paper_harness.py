@@ -399,6 +399,10 @@ def test_measure_clamps_only_the_clamped_metrics():
      r"update_attack\.batch must be an int >= 1, got 0\."),
     ({"update_attack": {"stages": ("first", "bogus")}},
      r"update_attack\.stages must be among first, mid, final; got 'bogus'\."),
+    ({"attack_budgets": {"gs": {"normalization": ((0.5,), (0.0,))}}},
+     r"attack_budgets\.gs: normalization needs finite means and stds > 0"),
+    ({"panels": {"a": {"attack_budgets": {"gs": {"normalization": (0.5,)}}}}},
+     r"panels\.a\.attack_budgets\.gs: normalization must be \(mean, std\)"),
 ])
 def test_part_config_check_names_each_bad_setting(extra, match):
   config = ml_collections.ConfigDict({"seeds": (0, 1), **extra})

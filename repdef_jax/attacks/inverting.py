@@ -42,7 +42,9 @@ Where this departs from the paper / reference code:
   weight 1e-4). The reference optimises mean/std-normalised images, so in
   pixel units its start is narrower (std ~0.25 on CIFAR-10), its steps are
   ~4x smaller and its TV weight relatively larger; ``normalization=(mean,
-  std)`` runs it in that space. The paper harness records which it used.
+  std)`` runs it in that space. Every committed paper run used [0, 1]
+  pixels; ``docs/results/probes/gs_normalized_space.json`` compares the
+  two (neither wins everywhere).
 * Unknown labels of a batch (B > 1) come from the bias-gradient heuristic
   of :func:`repdef_jax.attacks.base.infer_labels`; inversefed optimises
   label logits jointly with the images instead.
@@ -144,8 +146,10 @@ def step_schedule(learning_rate: float, iterations: int) -> optax.Schedule:
   return optax.piecewise_constant_schedule(learning_rate, bounds)
 
 
-def _box(value: Any, name: str, channels: int) -> float | tuple[float, ...]:
-  """A pixel bound as a float or a tuple of ``channels`` floats."""
+def _box(value: Any, name: str, channels: int | None
+         ) -> float | tuple[float, ...]:
+  """A pixel bound as a float or a tuple of ``channels`` floats (any
+  number when ``channels`` is None)."""
   arr = None
   if not isinstance(value, (str, bytes, bool)):
     try:
@@ -157,10 +161,37 @@ def _box(value: Any, name: str, channels: int) -> float | tuple[float, ...]:
                      f"({channels}); got {value!r}.")
   if arr.ndim == 0:
     return float(arr)
-  if len(arr) != channels:
+  if channels is not None and len(arr) != channels:
     raise ValueError(f"{name} has {len(arr)} values; the model's images have "
                      f"{channels} channels.")
   return tuple(float(v) for v in arr)
+
+
+def check_normalization(norm: Any, channels: int | None = None
+                        ) -> tuple[Any, Any] | None:
+  """``normalization`` as ``(mean, std)`` of floats or per-channel tuples.
+
+  Args:
+    norm: None, or ``(mean, std)``: scalars or one value per channel.
+    channels: the model's channels (None: not checked).
+
+  Raises:
+    ValueError: not a pair, wrong channel count, a non-finite mean or a
+      std that is not a finite number > 0.
+  """
+  if norm is None:
+    return None
+  if isinstance(norm, (str, bytes)) or not hasattr(norm, "__len__") or len(
+      norm) != 2:
+    raise ValueError(f"normalization must be (mean, std) or None; got "
+                     f"{norm!r}.")
+  mean, std = (_box(v, f"normalization {n}", channels)
+               for v, n in zip(norm, ("mean", "std")))
+  if not np.all(np.isfinite(mean)) or not np.all(
+      np.isfinite(std) & (np.asarray(std) > 0)):
+    raise ValueError(f"normalization needs finite means and stds > 0; "
+                     f"got {norm!r}.")
+  return mean, std
 
 
 def _check(model: models_lib.Model, config: GSConfig,
@@ -182,18 +213,8 @@ def _check(model: models_lib.Model, config: GSConfig,
   if not np.all(lo < hi):
     raise ValueError(f"lower must be < upper in every channel; got "
                      f"lower={config.lower!r}, upper={config.upper!r}.")
-  if config.normalization is not None:
-    norm = config.normalization
-    if isinstance(norm, (str, bytes)) or len(norm) != 2:
-      raise ValueError(f"normalization must be (mean, std) or None; got "
-                       f"{norm!r}.")
-    mean, std = (_box(v, f"normalization {n}", c)
-                 for v, n in zip(norm, ("mean", "std")))
-    if not np.all(np.isfinite(mean)) or not np.all(
-        np.isfinite(std) & (np.asarray(std) > 0)):
-      raise ValueError(f"normalization needs finite means and stds > 0; "
-                       f"got {norm!r}.")
-    config = dataclasses.replace(config, normalization=(mean, std))
+  config = dataclasses.replace(
+      config, normalization=check_normalization(config.normalization, c))
   for name in ("restarts", "iterations", "local_steps"):
     base.check_int(config, name, 1)
   base.check_int(config, "progress_every", 0)

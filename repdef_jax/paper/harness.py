@@ -33,6 +33,7 @@ from repdef_jax import models as models_lib
 from repdef_jax import storage
 from repdef_jax import training
 from repdef_jax.attacks import base as attacks_base
+from repdef_jax.attacks import inverting
 from repdef_jax.attacks import objectives
 
 Params = Any
@@ -369,7 +370,8 @@ def check_part_config(config: Any) -> None:
   ``update_attack.cells``: defense -> strengths; ``settings``: (defense,
   strength) pairs; ``rates`` and ``variants``: Soteria percents) valid;
   attack budgets' step counts (``attack_budgets``, each panel's and
-  ``update_attack.budgets``) integers >= 1; SSIM levels (``threshold``,
+  ``update_attack.budgets``) integers >= 1 and GS's ``normalization``
+  a (mean, std) pair with stds > 0; SSIM levels (``threshold``,
   ``thresholds``, ``success_ssim``) in (-1, 1]; ``accuracy_window``,
   ``update_attack.batch`` and ``update_attack.local_steps`` integers >= 1,
   ``update_attack.stages`` among :data:`UPDATE_STAGES`.
@@ -449,6 +451,11 @@ def check_part_config(config: Any) -> None:
             or value < 1):
           raise ValueError(f"{where}.{family}.{key} must be an integer >= 1;"
                            f" got {value!r}.")
+      if (budget or {}).get("normalization") is not None:
+        try:
+          inverting.check_normalization(budget["normalization"])
+        except ValueError as error:
+          raise ValueError(f"{where}.{family}: {error}") from None
 
 
 # When a client's real update is attacked: at round 0, mid-training, after
