@@ -62,6 +62,10 @@ def check_percent(percent: Any, name: str = "percent") -> None:
   """Raises a ValueError unless ``percent`` is a number in [0, 100].
 
   Traced values are accepted unchecked (validation is host-side only).
+
+  Args:
+    percent: the value.
+    name: how the message names it.
   """
   if isinstance(percent, jax.core.Tracer):
     return
@@ -582,7 +586,16 @@ def _prune_count(percent: Any, num: int) -> Any:
 
 
 def pruning_info(keep: jax.Array, active: jax.Array) -> base.Info:
-  """Nominal and effective pruned fractions (see the module docstring)."""
+  """Nominal and effective pruned fractions (see the module docstring).
+
+  Args:
+    keep: ``[F]`` 0/1 keep-mask.
+    active: ``[F]`` bool, features non-zero on some real example.
+
+  Returns:
+    ``pruned_fraction``, ``effective_pruned_fraction``,
+    ``pruned_fraction_of_active`` and ``active_fraction`` (scalars).
+  """
   num = keep.shape[0]
   pruned = keep == 0
   n_active = jnp.sum(active)
@@ -653,6 +666,18 @@ def apply_row_scale(grads: Params, row_scale: jax.Array, model_or_path: Any,
   Entries whose scale is exactly 0 become exactly 0 (``where``, so a NaN or
   inf gradient entry does not survive a prune); every other leaf of
   ``grads`` is returned as the same object (bit-identical).
+
+  Args:
+    grads: the gradient tree.
+    row_scale: ``[F]``, one factor per defended-kernel row.
+    model_or_path: the model, or the defended layer's path in the tree.
+    protect_bias: also zero the defended layer's bias gradient.
+
+  Returns:
+    ``grads`` with the defended kernel (and bias) replaced.
+
+  Raises:
+    ValueError: ``row_scale`` is not ``[F]``.
   """
   path = _path(model_or_path)
   layer = defended_layer(grads, path)
@@ -760,7 +785,15 @@ def q0_perturbation(ctx: PerturbationInputs,
 
   ``||r - r'||_0 <= eps`` with ``p = 2``: keep ``r`` except the features with
   the largest ``||r_i dX/dr_i||`` (smallest score), which are set to 0 (Sun
-  et al. 2021, Section 4). ``strength`` is the pruning rate in percent.
+  et al. 2021, Section 4). The model to copy for a new norm.
+
+  Args:
+    ctx: the batch's scores, representations, Jacobian row norms, example
+      weights, active features and selection rule.
+    strength: the pruning rate in percent, [0, 100].
+
+  Returns:
+    ``(keep [F] of 0/1, info)``: the row scale and :func:`pruning_info`.
   """
   keep = mask_from_scores(ctx.scores, strength, selection=ctx.selection,
                           inactive=~ctx.active)

@@ -135,6 +135,11 @@ def to_arrays(params: Params) -> ArrayRecord:
 def from_arrays(record: ArrayRecord, template: Params) -> Params:
   """The pytree shaped like ``template`` from a Flower ``ArrayRecord``.
 
+  Args:
+    record: arrays keyed by :func:`array_keys` (any order).
+    template: a pytree (or its ``jax.eval_shape``) giving structure, shapes
+      and dtypes; a record in another float dtype is cast to them.
+
   Raises:
     ValueError: keys or shapes that do not match ``template``.
   """
@@ -184,6 +189,11 @@ def audit_key(seed: int, server_round: int, client: int) -> jax.Array:
   that :func:`repdef_jax.fedavg.key_streams` splits into indices
   ``0 .. len(STREAMS) - 1``, folded with the round, then the client; so no
   attack draw reuses a key of the training run it audits.
+
+  Args:
+    seed: the run's seed.
+    server_round: Flower's round (from 1).
+    client: the client's partition id (or its reply's index).
   """
   stream = jax.random.fold_in(jax.random.key(int(seed)), len(fedavg.STREAMS))
   return jax.random.fold_in(jax.random.fold_in(stream, server_round), client)
@@ -673,6 +683,16 @@ class InProcessGrid(Grid):
   def __init__(self, client_app: ClientApp, num_nodes: int, *,
                node_config: Optional[Callable[[int], dict[str, Any]]] = None,
                run_config: Optional[dict[str, Any]] = None, run_id: int = 1):
+    """Args:
+      client_app: the ClientApp every node runs.
+      num_nodes: the number of nodes (partition ids 0 .. num_nodes - 1).
+      node_config: ``i -> dict`` added to node i's node config.
+      run_config: the run config every node's Context carries.
+      run_id: the run's id (Flower's ``Run``).
+
+    Raises:
+      ValueError: ``num_nodes`` is not an integer >= 1.
+    """
     # Flower's own server entry points set this identity of the server task
     # (flwr.server.compat.app.start_grid); Messages read it.
     from flwr.common import serde  # pylint: disable=g-import-not-at-top
