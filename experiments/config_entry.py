@@ -3,9 +3,9 @@
 Each experiment module defines ``--config`` (an ``ml_collections`` file in
 ``experiments/configs/``, found next to this module, so the entry points run
 from any folder once installed), ``--workdir``, ``--data_dir`` and
-``--quiet`` (and ``--plugins``: modules imported first, e.g. a
-registered Soteria perturbation) with :func:`make_main` and hands the config to one library
-function ``run(config, workdir) -> result``. Shortcut flags
+``--quiet`` (and ``--plugins``: modules imported first, e.g. one
+registering a Soteria perturbation) with :func:`make_main` and hands the
+config to one library function ``run(config, workdir) -> result``. Shortcut flags
 (``--dataset=mnist``) may stand for config fields (``--config.dataset=mnist``);
 a shortcut with choices is an enum flag, so ``--help`` lists the valid values.
 A bad setting (``ValueError``), missing data or a file-system error
@@ -194,9 +194,11 @@ def make_main(name: str, run: Callable[[Any, str], Any],
     for module in plugins_flag.value:
       try:
         importlib.import_module(module)
-      except ImportError as error:
+      except Exception as error:  # pylint: disable=broad-except
+        if os.environ.get("REPDEF_JAX_DEBUG"):
+          raise
         print(f"{name}: error: --plugins: cannot import {module!r} "
-              f"({error}).", file=sys.stderr)
+              f"({type(error).__name__}: {error}).", file=sys.stderr)
         sys.exit(1)
     config = config_flag.value
     for field, holder in holders.items():

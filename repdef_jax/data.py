@@ -575,10 +575,15 @@ def _from_download(info: DatasetInfo, split: str, cache_dir: str,
                                               Source] | None:
   """The split from downloaded archives (cached or fetched now), or None."""
   paths = {s: _download_path(cache_dir, info.name, s) for s in info.splits}
+  try:
+    verified = download_lib.verified_with(info.name)
+  except download_lib.DownloadError as error:  # A bad $REPDEF_JAX_CHECKSUMS.
+    notes.append(f"no usable download: {error}")
+    return None
   # Archives verified against other digests (a test mirror, a re-packed
   # file) are other data: such a cache is not reused.
-  verified = download_lib.verified_with(info.name)
-  arrays = {s: _read_cache(paths[s], verified) for s in _base_splits(split)}
+  arrays = {s: _read_cache(paths[s], verified, notes)
+            for s in _base_splits(split)}
   if any(a is None for a in arrays.values()):
     if allowed is None:
       allowed = not _env_flag(OFFLINE_ENV)
@@ -638,11 +643,12 @@ def _cache_path(cache_dir: str, name: str, split: str, version: str,
   return os.path.join(cache_dir, file_name)
 
 
-def _read_cache(path: str, verified: str | None = None) -> Arrays | None:
+def _read_cache(path: str, verified: str | None = None,
+                notes: list[str] | None = None) -> Arrays | None:
   """Reads a cached split; ``None`` if it is absent or unreadable, or (for
   a download) was verified against other digests than ``verified``
   (:func:`repdef_jax.download.verified_with`; a cache written before this
-  was recorded counts as 'published')."""
+  was recorded counts as 'published'), which ``notes`` then records."""
   if not os.path.exists(path):
     return None
   try:
@@ -660,8 +666,13 @@ def _read_cache(path: str, verified: str | None = None) -> Arrays | None:
     logger.warning("Rebuilding malformed cache file %s.", path)
     return None
   if verified is not None and cached != verified:
-    logger.warning("Not using %s: its archives were verified against %s "
-                   "checksums, this run's are %s.", path, cached, verified)
+    message = (f"{path} holds archives verified against {cached} "
+               f"checksums, not this run's {verified} (set "
+               f"${download_lib.CHECKSUMS_ENV} to the file it was made "
+               "with to use it)")
+    logger.warning("Not using %s.", message)
+    if notes is not None:
+      notes.append(message)
     return None
   return images, labels
 

@@ -902,7 +902,7 @@ CASES = [
                         f"--workdir={e['tmp']}"), error=None,
          check=lambda p: _one_line_error(
              p, r"fedavg: error: --plugins: cannot import 'no_such_plugin' "
-             r"\(No module named")),
+             r"\(ModuleNotFoundError: No module named")),
     Case("CLI experiments.fedavg --config.soteria_q=q9 (not registered)",
          lambda e: _cli("experiments.fedavg", "--config.defense=soteria",
                         "--config.soteria_q=q9", f"--workdir={e['tmp']}"),

@@ -201,7 +201,15 @@ def test_load_downloads_on_first_use_then_reads_the_cache(mirror, tmp_path,
   # published ones: a run without that override does not reuse it.
   data.clear_cache()
   monkeypatch.delenv(download.CHECKSUMS_ENV)
-  with pytest.raises(data.DataNotFoundError):
+  with pytest.raises(data.DataNotFoundError, match=r"verified against "
+                     r"override \w+ checksums, not this run's published"):
+    data.load_with_source("cifar10", "test", empty, cache_dir=tmp_path,
+                          download=False, sample=False)
+  # A bad checksums file is a note of the search, not a traceback of load.
+  monkeypatch.setenv(download.CHECKSUMS_ENV, str(tmp_path / "missing"))
+  data.clear_cache()
+  with pytest.raises(data.DataNotFoundError,
+                     match="no usable download: cannot read checksums file"):
     data.load_with_source("cifar10", "test", empty, cache_dir=tmp_path,
                           download=False, sample=False)
 

@@ -293,6 +293,14 @@ def test_point_means_are_the_reported_means_over_seeds():
   assert ea.first_protective([p], 0.3)["strength"] == 10
   q = {**p, "mse_clamped": [1.0] * 8 + [3.0], "seeds": [0] * 8 + [1]}
   assert ea.ratio_ci(q, p, "mse_clamped")["value"] == pytest.approx(20.0)
+  # Its bootstrap replicates are means of seed means too: the interval
+  # holds the value (pooled replicates gave [1, 1.12] around 2.0).
+  a = [1.0] * 99 + [5.0] + [1.0] * 198  # Seed 1 kept one image.
+  groups = [0] * 99 + [1] + [2] * 99 + [3] * 99
+  out = ea.stats.ratio_ci(a, [1.0] * 300, numerator_groups=groups,
+                          denominator_groups=[0, 1, 2, 3] * 75)
+  assert out["value"] == pytest.approx(2.0)
+  assert out["low"] <= out["value"] <= out["high"]
 
 
 def test_a_diverged_baseline_training_is_named_at_the_first_protective():

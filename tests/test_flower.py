@@ -443,6 +443,8 @@ def test_restarted_auditor_keeps_the_earlier_records(fl, tmp_path):
                       run_info={"defense": "none"})
   with pytest.raises(ValueError, match="run_info must be a dict"):
     fl.AuditingFedAvg(model, "dlg", client_lr=0.1, run_info="soteria")
+  with pytest.raises(ValueError, match="run_info must be JSON-ready"):
+    fl.AuditingFedAvg(model, "dlg", client_lr=0.1, run_info={"f": print})
 
 
 def test_audit_key_is_its_own_stream(fl):

@@ -403,6 +403,8 @@ def test_measure_clamps_only_the_clamped_metrics():
      r"attack_budgets\.gs: normalization needs finite means and stds > 0"),
     ({"panels": {"a": {"attack_budgets": {"gs": {"normalization": (0.5,)}}}}},
      r"panels\.a\.attack_budgets\.gs: normalization must be \(mean, std\)"),
+    ({"attack_budgets": {"dlg": {"normalization": ((0.5,), (0.2,))}}},
+     r"attack_budgets\.dlg\.normalization: only GS takes a normalization"),
 ])
 def test_part_config_check_names_each_bad_setting(extra, match):
   config = ml_collections.ConfigDict({"seeds": (0, 1), **extra})

@@ -92,8 +92,9 @@ def test_readme_results_are_the_committed_json_rendered():
   """No hand-copied numbers: the README block re-renders from docs/results."""
   block = _readme_block(report.README_BEGIN, report.README_END)
   results = os.path.join(ROOT, "docs", "results")
-  assert block == report.readme_block(report.collect(results),
-                                      "docs/results")
+  assert block == report.readme_block(
+      report.collect(results), "docs/results",
+      storage.read_json(os.path.join(results, "reproduce.json"), {}))
 
 
 def test_publish_copies_results_not_cells(tmp_path):
@@ -129,9 +130,10 @@ def test_a_failed_rerun_is_flagged_where_its_old_result_is_shown(tmp_path):
   work = str(tmp_path / "run")
   _fake(work)
   runs = {"tradeoff": {"command": "python -m experiments.tradeoff",
-                       "seconds": 3.0, "status": "FAILED (exit 1)"},
+                       "seconds": 3.0, "returncode": 1,
+                       "status": "FAILED (exit 1)"},
           "certified": {"command": "python -m experiments.certified",
-                        "seconds": 3.0, "status": "done"}}
+                        "seconds": 3.0, "returncode": 0, "status": "done"}}
   storage.write_json(os.path.join(work, "reproduce.json"), runs)
   text = open(report.write_report(work, runs=runs)).read()
   warning = "**The last run of tradeoff failed"
@@ -144,7 +146,7 @@ def test_a_failed_rerun_is_flagged_where_its_old_result_is_shown(tmp_path):
   readme.write_text(f"x\n{report.README_BEGIN}\n{report.README_END}\n")
   assert report.update_readme(str(readme), work)
   assert warning in readme.read_text()
-  runs["tradeoff"]["status"] = "done"
+  runs["tradeoff"].update(status="done", returncode=0)
   storage.write_json(os.path.join(work, "reproduce.json"), runs)
   report.update_readme(str(readme), work)
   assert "failed" not in readme.read_text()

@@ -12,7 +12,7 @@ three CIFAR-10 test images, Soteria pruning 60 % of the representation.
 Measured with seed 0 (test images 72, 11, 20): the README's table,
 generated from docs/results/main_job/results.json; undefended DLG
 reconstructs all three (SSIM >= 0.99) and against Soteria all three fail
-(SSIM <= 0.07), none diverged. With the paper's rule
+(SSIM <= 0.071), none diverged. With the paper's rule
 (``--dlg_optimizer=torch``, no line search) undefended DLG fails on some of
 them (one of three in docs/results/main_job/dlg_optimizer_torch); which ones
 depends on the CPU's float rounding. Images: a prepared TFDS copy, else a download,

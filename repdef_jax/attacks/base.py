@@ -359,11 +359,12 @@ def infer_labels(model: models_lib.Model, shared_grads: Params,
   label is the argmin over K of the column sums.
 
   A batch: the bias gradient ``mean_b (p_b - y_b)`` (untouched by Soteria
-  unless ``protect_bias``) is
-  negative for the classes present (the kernel column sums, whose entries
-  have the same signs, when there is no bias or its gradient is all zero,
-  e.g. under ``protect_bias``). Those classes, most negative first, fill the labels; if fewer
-  classes are negative than images, the rest repeat the most negative class.
+  unless ``protect_bias``) is negative for the classes present (else the
+  kernel column sums, which weight each image by its feature sum and
+  usually have the same signs: when there is no bias or its gradient is all
+  zero, e.g. under ``protect_bias``). Those classes, most negative first,
+  fill the labels; if fewer classes are negative than images, the rest
+  repeat the most negative class.
   Entry k is ``(sum_b p_bk - n_k) / B``, so a present class is found only when
   the model's summed probability for it stays below its count (true for an
   untrained net with small logits; DLG's U(-0.5, 0.5) LeNet can be too

@@ -516,8 +516,12 @@ class AuditingFedAvg(FedAvg):
     self.workdir, self.seed = workdir, seed
     self.max_audits_per_round = max_audits_per_round
     self.repinfer_steps = repinfer_steps
-    self.run_info = (None if run_info is None else
-                     json.loads(json.dumps(run_info, sort_keys=True)))
+    try:
+      self.run_info = (None if run_info is None else
+                       json.loads(json.dumps(run_info, sort_keys=True)))
+    except (TypeError, ValueError) as error:
+      raise ValueError(f"run_info must be JSON-ready (numbers, strings, "
+                       f"lists, dicts): {error}.") from None
     self.server_start = 1
     self.audit_log: list[dict[str, Any]] = []
     self._template = jax.eval_shape(model.init, jax.random.key(0))

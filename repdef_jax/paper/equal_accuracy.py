@@ -128,11 +128,11 @@ def _median_ratio_ci(pairs: list[tuple[Point, Point]], metric: str,
   mean = {key: stats.center(v, split) for key, (v, split) in values.items()}
   value = float(np.median([mean[id(a)] / mean[id(b)] for a, b in pairs]))
   rng = np.random.default_rng(seed)
-  draws = {key: stats.resampler(v, split, rng)
+  draws = {key: stats.center_resampler(v, split, rng)
            for key, (v, split) in values.items()}
   boot = np.empty(samples)
   for i in range(samples):
-    m = {key: draw().mean() for key, draw in draws.items()}
+    m = {key: draw() for key, draw in draws.items()}
     boot[i] = np.median([m[id(a)] / max(m[id(b)], 1e-300) for a, b in pairs])
   lo, hi = np.quantile(boot, [0.025, 0.975])
   # As ratio_ci: no interval from one value, nor over one seed's images.

@@ -452,6 +452,9 @@ def check_part_config(config: Any) -> None:
           raise ValueError(f"{where}.{family}.{key} must be an integer >= 1;"
                            f" got {value!r}.")
       if (budget or {}).get("normalization") is not None:
+        if family != "gs":
+          raise ValueError(f"{where}.{family}.normalization: only GS takes "
+                           "a normalization (the 'gs' budget).")
         try:
           inverting.check_normalization(budget["normalization"])
         except ValueError as error:

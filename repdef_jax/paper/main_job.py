@@ -66,8 +66,8 @@ DEFAULT_CONFIG = {
     "seed": 0,
     "iterations": None,
     # DLG-type attacks: L-BFGS with a backtracking line search. The paper's
-    # rule ('torch': torch.optim.LBFGS without line search) fails on most of
-    # the default images undefended (docs/main_job.md).
+    # rule ('torch': torch.optim.LBFGS without line search) fails on one of
+    # the three default images undefended (docs/main_job.md).
     "dlg_optimizer": "linesearch",
     "data_dir": None,
     "images": None,

@@ -344,13 +344,13 @@ def failed_parts_line(results: dict[str, dict | None],
                       runs: dict[str, dict]) -> list[str]:
   """A warning naming the parts whose last run failed but whose result JSON
   (an earlier run's) is still shown; ``[]`` when there are none."""
-  stale = [p for p, r in results.items() if r and str(
-      runs.get(p, {}).get("status", "")).startswith("FAILED")]
+  stale = [p for p, r in results.items()
+           if r and runs.get(p, {}).get("returncode") not in (None, 0)]
   if not stale:
     return []
   return [f"**The last run of {', '.join(stale)} failed (see the Runs "
-          "table): what is shown for it comes from the JSON an earlier run "
-          "left, not from that run.**", ""]
+          "table): what is shown for it is the JSON in its folder, which an "
+          "earlier run may have written.**", ""]
 
 
 def readme_block(results: dict[str, dict | None], source: str,

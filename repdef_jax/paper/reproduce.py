@@ -125,15 +125,20 @@ def config_digest(part: str, preset: str) -> str | None:
   """SHA-256 of a part's resolved preset: ``get_config(preset)`` of its
   config file, as sorted JSON. An edit to the file or to a default it
   imports (``sweep.default_config``, ``settings``) changes it, so the part
-  reruns (reusing the cells the edit leaves valid). None when the config
-  cannot be loaded: the part then runs, and fails with the reason."""
+  reruns (reusing the cells the edit leaves valid; markers written before
+  2026-12-07 digested the file, so every part reruns once after that).
+  None, said in one line, when the config cannot be loaded here: the part
+  then runs, and fails with the reason."""
   path = os.path.join(ROOT, "experiments", "configs", f"{part}.py")
   try:
     spec = importlib.util.spec_from_file_location(f"_config_{part}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     resolved = harness.jsonable(module.get_config(preset).to_dict())
-  except Exception:  # pylint: disable=broad-except
+  except Exception as error:  # pylint: disable=broad-except
+    print(f"[reproduce] {part}: its config {path}:{preset} does not load "
+          f"here ({type(error).__name__}: {error}); the part runs (and "
+          "reports why it fails, if it does).", flush=True)
     return None
   text = json.dumps(resolved, sort_keys=True)
   return hashlib.sha256(text.encode()).hexdigest()

@@ -81,11 +81,11 @@ def mean_ci(values: Sequence[float], level: float = LEVEL,
   out = {"n": int(v.size), "dropped": int(len(values) - v.size)}
   if split is not None:
     out["groups"] = len(split)
-    if len(split) >= 2:
-      v = np.array([g.mean() for g in split])
   if v.size == 0:
     return {**out, "mean": None, "low": None, "high": None}
-  mean = float(np.mean(v))
+  mean = center(v, split)
+  if split is not None and len(split) >= 2:
+    v = np.array([g.mean() for g in split])
   if v.size < 2 or seeds_lost(groups, out.get("groups")):
     return {**out, "mean": mean, "low": None, "high": None}
   half = float(scipy_stats.t.ppf(0.5 + level / 2, v.size - 1) *
@@ -113,6 +113,23 @@ def resampler(v: np.ndarray, split: list[np.ndarray] | None,
     return np.concatenate([
         split[g][rng.integers(0, split[g].size, split[g].size)]
         for g in picked])
+  return draw
+
+
+def center_resampler(v: np.ndarray, split: list[np.ndarray] | None,
+                     rng: np.random.Generator) -> Callable[[], float]:
+  """Draws one bootstrap replicate of :func:`center`: the groups, then the
+  values within each drawn group, and the mean of the drawn groups' means
+  (one group: the mean of the resampled values), so that a replicate
+  estimates what the point estimate does when groups differ in size."""
+  if split is None or len(split) < 2:
+    return lambda: float(v[rng.integers(0, v.size, v.size)].mean())
+
+  def draw():
+    picked = rng.integers(0, len(split), len(split))
+    return float(np.mean([
+        split[g][rng.integers(0, split[g].size, split[g].size)].mean()
+        for g in picked]))
   return draw
 
 
@@ -197,9 +214,9 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
   if a.size < 2 or b.size < 2:
     return {**out, "value": value, "low": None, "high": None}
   rng = np.random.default_rng(seed)
-  draw_a, draw_b = resampler(a, split_a, rng), resampler(b, split_b, rng)
-  boot = np.array([draw_a().mean() / max(draw_b().mean(),
-                                         np.finfo(np.float64).tiny)
+  draw_a = center_resampler(a, split_a, rng)
+  draw_b = center_resampler(b, split_b, rng)
+  boot = np.array([draw_a() / max(draw_b(), np.finfo(np.float64).tiny)
                    for _ in range(samples)])
   lo, hi = np.quantile(boot, [0.5 - level / 2, 0.5 + level / 2])
   return {**out, "value": value, "low": float(lo), "high": float(hi)}

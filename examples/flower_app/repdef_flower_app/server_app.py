@@ -51,8 +51,9 @@ def main(grid: Grid, context: Context) -> None:
         max_audits_per_round=int(cfg["audit-clients-per-round"]),
         # What the records depend on but the server cannot see (the
         # clients' defense...): a restart with other settings is refused.
-        run_info={k: v for k, v in cfg.items()
-                  if k not in ("audit-dir", "num-server-rounds")}, **common)
+        run_info={k: v for k, v in cfg.items() if k not in (
+            "audit-dir", "num-server-rounds", "max-test-examples")},
+        **common)
   test = task.test_data(cfg)
   evaluate = jax.jit(lambda p: fedavg.evaluate(model, p, test))
   template = task.initial_params(cfg)
