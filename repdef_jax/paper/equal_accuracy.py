@@ -114,10 +114,14 @@ def ratio_ci(num: Point, den: Point, metric: str) -> dict[str, Any]:
 def _median_ratio_ci(pairs: list[tuple[Point, Point]], metric: str,
                      samples: int = stats.BOOTSTRAP_SAMPLES,
                      seed: int = 0) -> dict[str, Any]:
-  """Median over pairs of mean(num)/mean(den), bootstrap over seeds, then
-  images. A point in several pairs (one Soteria point is the frontier for
-  several baseline points) is resampled once per replicate, so its pairs
-  move together."""
+  """Median over pairs of mean(num)/mean(den).
+
+  Interval, with two or more seeds shared by every cell: the median over
+  the pairs within each seed (of the seed's means) gives one value per
+  seed, and :func:`repdef_jax.paper.stats.log_t_interval` of those around
+  the median. One seed: a bootstrap over images, in which a point in
+  several pairs (one Soteria point is the frontier for several baseline
+  points) is resampled once per replicate, so its pairs move together."""
   if not pairs:
     return {"value": None, "low": None, "high": None, "n": 0}
   cells = {id(p): p for pair in pairs for p in pair}
@@ -127,6 +131,19 @@ def _median_ratio_ci(pairs: list[tuple[Point, Point]], metric: str,
     values[key] = (v, split)
   mean = {key: stats.center(v, split) for key, (v, split) in values.items()}
   value = float(np.median([mean[id(a)] / mean[id(b)] for a, b in pairs]))
+  out = {"value": value, "low": None, "high": None, "n": len(pairs)}
+  if any(v.size < 2 for v, _ in values.values()) or any(
+      _seeds_lost(p, metric) for p in cells.values()):
+    return out  # As ratio_ci: no interval from one value or one seed.
+  if all(split is not None and len(split) >= 2
+         for _, split in values.values()):
+    by_seed = {key: stats.group_means(p[metric], _seeds(p, metric))
+               for key, p in cells.items()}
+    shared = set.intersection(*(set(m) for m in by_seed.values()))
+    per_seed = [np.median([by_seed[id(a)][s] / by_seed[id(b)][s]
+                           for a, b in pairs]) for s in sorted(shared)]
+    out["low"], out["high"] = stats.log_t_interval(value, per_seed)
+    return out
   rng = np.random.default_rng(seed)
   draws = {key: stats.center_resampler(v, split, rng)
            for key, (v, split) in values.items()}
@@ -135,12 +152,7 @@ def _median_ratio_ci(pairs: list[tuple[Point, Point]], metric: str,
     m = {key: draw() for key, draw in draws.items()}
     boot[i] = np.median([m[id(a)] / max(m[id(b)], 1e-300) for a, b in pairs])
   lo, hi = np.quantile(boot, [0.025, 0.975])
-  # As ratio_ci: no interval from one value, nor over one seed's images.
-  if any(v.size < 2 for v, _ in values.values()) or any(
-      _seeds_lost(p, metric) for p in cells.values()):
-    lo = hi = None
-  return {"value": value, "low": None if lo is None else float(lo),
-          "high": None if hi is None else float(hi), "n": len(pairs)}
+  return {**out, "low": float(lo), "high": float(hi)}
 
 
 def ratio_curve(soteria: Sequence[Point], baseline: Sequence[Point],

@@ -132,10 +132,18 @@ def _figures(part: str, workdir: str, report_dir: str) -> list[str]:
 
 
 def interval_rule(part: str, res: dict[str, Any]) -> str | None:
-  """How a part's intervals were computed (None for parts without images)."""
+  """How a part's intervals were computed (None for parts without images).
+
+  The 2026-12-07 change (:data:`stats.BOOTSTRAP_RATIO_RULE` before) is
+  about ratios, which only the trade-off computes: another part that
+  records the earlier rule computed what the current one says.
+  """
   if part not in IMAGE_PARTS:
     return None
-  return res.get("interval_rule") or LEGACY_INTERVAL_RULE
+  rule = res.get("interval_rule") or LEGACY_INTERVAL_RULE
+  if rule == stats.BOOTSTRAP_RATIO_RULE and part != "tradeoff":
+    return stats.INTERVAL_RULE
+  return rule
 
 
 # Run-config keys of a convergence row's overrides that change what it
@@ -362,11 +370,15 @@ def readme_block(results: dict[str, dict | None], source: str,
            "`repdef_jax.paper.report`; rules in docs/evaluation.md.", ""]
   lines += claims_table(all_claims(results), with_statistic=False)
   lines += failed_parts_line(results, runs or {})
-  legacy = [p for p, r in results.items()
-            if r and interval_rule(p, r) == LEGACY_INTERVAL_RULE]
-  if legacy:
-    lines += [f"Intervals of {', '.join(legacy)}: {LEGACY_INTERVAL_RULE}; "
-              "the others' (and the rule now): intervals "
+  older: dict[str, list[str]] = {}
+  for p, r in results.items():
+    rule = interval_rule(p, r) if r else None
+    if rule and rule != stats.INTERVAL_RULE:
+      older.setdefault(rule, []).append(p)
+  if older:
+    lines += ["; ".join(f"Intervals of {', '.join(parts)}: {rule}"
+                        for rule, parts in older.items())
+              + "; the others' (and the rule now): intervals "
               f"{stats.INTERVAL_RULE}.", ""]
   return "\n".join(lines + [README_END])
 

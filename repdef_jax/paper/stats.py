@@ -27,8 +27,14 @@ BOOTSTRAP_SAMPLES = 2000
 # Recorded in every part's result JSON (``interval_rule``) and printed by
 # the report; parts written before it existed pooled images x seeds.
 INTERVAL_RULE = ("over seeds: Student-t over the seeds' means (seeds - 1 "
-                 "degrees of freedom); bootstraps resample seeds, then images "
-                 "within a seed; proportions Clopper-Pearson")
+                 "degrees of freedom); ratios Student-t on the log scale over "
+                 "the seeds' own ratios; proportions Clopper-Pearson")
+# The rule before 2026-12-07 (ratios by a bootstrap of seeds, then images),
+# which the results of that date and earlier record.
+BOOTSTRAP_RATIO_RULE = ("over seeds: Student-t over the seeds' means (seeds "
+                        "- 1 degrees of freedom); bootstraps resample seeds, "
+                        "then images within a seed; proportions "
+                        "Clopper-Pearson")
 
 
 def _finite(values: Sequence[float]) -> np.ndarray:
@@ -49,6 +55,31 @@ def finite_groups(values: Sequence[float], groups: Sequence[Any] | None
   keep = np.isfinite(v)
   v, labels = v[keep], labels[keep]
   return v, [v[labels == g] for g in dict.fromkeys(labels.tolist())]
+
+
+def group_means(values: Sequence[float], groups: Sequence[Any]
+                ) -> dict[str, float]:
+  """``{group label: mean of its finite values}`` (groups without a finite
+  value left out)."""
+  v, split = finite_groups(values, groups)
+  labels = [str(g) for g, x in zip(groups, values)
+            if math.isfinite(float(x))]
+  return {g: float(part.mean()) for g, part in
+          zip(dict.fromkeys(labels), split)}
+
+
+def log_t_interval(value: float, per_seed: Sequence[float],
+                   level: float = LEVEL) -> tuple[float | None,
+                                                  float | None]:
+  """``value * exp(-+ t sd(log per_seed) / sqrt(S))``, t with S - 1
+  degrees of freedom: a ratio's interval from its per-seed values (S >= 2,
+  all finite and > 0; else ``(None, None)``)."""
+  r = np.asarray(per_seed, np.float64)
+  if r.size < 2 or not np.all(np.isfinite(r) & (r > 0)) or not value > 0:
+    return None, None
+  half = float(scipy_stats.t.ppf(0.5 + level / 2, r.size - 1) *
+               np.std(np.log(r), ddof=1) / math.sqrt(r.size))
+  return value * math.exp(-half), value * math.exp(half)
 
 
 def seeds_lost(groups: Sequence[Any] | None, kept: int | None) -> bool:
@@ -195,12 +226,15 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
              seed: int = 0, numerator_groups: Sequence[Any] | None = None,
              denominator_groups: Sequence[Any] | None = None
              ) -> dict[str, Any]:
-  """``mean(numerator) / mean(denominator)`` with a bootstrap interval
-  (each mean as :func:`mean_ci` reports it: over the groups' means).
+  """``mean(numerator) / mean(denominator)`` with its interval (each mean
+  as :func:`mean_ci` reports it: over the groups' means).
 
-  The two samples are resampled independently (they come from different
-  cells), each by its groups (seeds) when given. A non-positive
-  denominator mean gives None.
+  With two or more groups (seeds) on both sides: the seeds' own ratios
+  (the seed's mean over the seed's mean, paired: a seed's cells share its
+  images and initialisation) give a Student-t interval on the log scale,
+  :func:`log_t_interval`, no interval when fewer than two seeds are shared.
+  Otherwise (one seed): a bootstrap over the images of each sample,
+  resampled independently. A non-positive denominator mean gives None.
 
   Returns:
     ``{'value', 'low', 'high', 'n_num', 'n_den'}``.
@@ -213,6 +247,12 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
   value = center(a, split_a) / center(b, split_b)
   if a.size < 2 or b.size < 2:
     return {**out, "value": value, "low": None, "high": None}
+  if len(split_a or ()) >= 2 and len(split_b or ()) >= 2:
+    ma = group_means(numerator, numerator_groups)
+    mb = group_means(denominator, denominator_groups)
+    low, high = log_t_interval(value, [ma[g] / mb[g] for g in ma if g in mb
+                                       and mb[g] > 0], level)
+    return {**out, "value": value, "low": low, "high": high}
   rng = np.random.default_rng(seed)
   draw_a = center_resampler(a, split_a, rng)
   draw_b = center_resampler(b, split_b, rng)

@@ -774,6 +774,39 @@ def refresh_tables(path: str) -> dict[str, Any]:
   return result
 
 
+def reanalyse(path: str) -> dict[str, Any]:
+  """Recomputes a finished run's statistics under the current rules.
+
+  The ratios, first protective points, accuracy drops, claims and tables
+  are recomputed from the per-image samples and per-seed accuracies its
+  panels keep (``points``); the cells' numbers, the real-update summaries
+  and the timings stay as the run computed them, and ``interval_rule``
+  becomes the current one. For a change of a statistic's rule after a run
+  (docs/evaluation.md dates each).
+
+  Args:
+    path: a ``tradeoff.json``, rewritten atomically.
+
+  Returns:
+    The updated result.
+  """
+  result = storage.read_json(path)
+  config = ml_collections.ConfigDict(result["config"])
+  panels = _apply_seed_rule(result["panels"], len(config.seeds))
+  for panel in panels.values():
+    points = {(p["defense"], float(p["strength"])): p
+              for p in panel["points"]}
+    panel.update(analyse_panel(points, config))
+  result.update(
+      panels=panels, interval_rule=stats.INTERVAL_RULE,
+      claims=[c for name, p in panels.items()
+              for c in (*panel_claims(name, p, config),
+                        *update_claims(name, p, config))],
+      tables=tables(panels, config.success_ssim, len(config.seeds)))
+  storage.write_json(path, harness.jsonable(result))
+  return result
+
+
 def dry_run(config: ml_collections.ConfigDict, workdir: str
             ) -> dict[str, Any]:
   """The plan and its estimated cost, without running anything."""
