@@ -116,6 +116,24 @@ def test_committed_replication_is_the_committed_results_compared(folder):
   assert text == replication.render(committed, reference)
 
 
+@pytest.mark.parametrize("folder", _committed("tradeoff.json"))
+def test_committed_tradeoff_statistics_are_their_samples_analysed(
+    folder, tmp_path):
+  """Every committed tradeoff.json's ratios, claims and tables are what the
+  current rules compute from the per-image samples it keeps (and the
+  recomputation leaves the samples alone)."""
+  from repdef_jax.paper import tradeoff  # pylint: disable=g-import-not-at-top
+  path = os.path.join(RESULTS, folder, "tradeoff.json")
+  committed = storage.read_json(path)
+  assert committed["interval_rule"] == stats.INTERVAL_RULE
+  copy = str(tmp_path / "tradeoff.json")
+  shutil.copy(path, copy)
+  fresh = json.loads(json.dumps(tradeoff.reanalyse(copy)))
+  assert fresh["claims"] == committed["claims"]
+  assert fresh["tables"] == committed["tables"]
+  assert fresh["panels"] == committed["panels"]
+
+
 # --------------------------------------------------------------------- report
 
 def test_runs_table_says_not_run_without_results_or_record(tmp_path):
