@@ -513,7 +513,8 @@ def test_example_app_refuses_bad_run_config_and_untrained_rounds(fl):
   untrained model's accuracy."""
   from flwr.clientapp import ClientApp  # pylint: disable=g-import-not-at-top
   server_app, task, cfg = _example_app()
-  # The embedded images (no TFDS needed), which hold 5 per class for 2 nodes.
+  # The embedded images when no prepared copy is found (no TFDS needed;
+  # they hold 5 per class for 2 nodes); infeasible splits either way.
   cfg = {**cfg, "sample-data": True, "samples-per-class": 5}
   task.check(cfg, 2)
   for key, value, match in (
@@ -526,7 +527,7 @@ def test_example_app_refuses_bad_run_config_and_untrained_rounds(fl):
       ("sample-data", "false", "sample-data must be true or false"),
       ("classes-per-client", 11, "run-config classes-per-client / "
        "samples-per-class / sample-data"),
-      ("samples-per-class", 40, "run-config classes-per-client / "
+      ("samples-per-class", 10000, "run-config classes-per-client / "
        "samples-per-class / sample-data"),
       ("defense-at", "foo", r"run-config defense-at must be one of "
        r"\('step', 'update', 'mod'\), got 'foo'"),
