@@ -350,8 +350,9 @@ def publish(workdir: str, dest: str, *, preset: str = "") -> str:
 
 def failed_parts_line(results: dict[str, dict | None],
                       runs: dict[str, dict]) -> list[str]:
-  """A warning naming the parts whose last run failed but whose result JSON
-  (an earlier run's) is still shown; ``[]`` when there are none."""
+  """A warning naming the parts whose last run failed (``returncode`` of
+  ``runs``) while a result JSON, maybe an earlier run's, is still shown;
+  ``[]`` when there are none."""
   stale = [p for p, r in results.items()
            if r and runs.get(p, {}).get("returncode") not in (None, 0)]
   if not stale:

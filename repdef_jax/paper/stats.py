@@ -61,7 +61,7 @@ def group_means(values: Sequence[float], groups: Sequence[Any]
                 ) -> dict[str, float]:
   """``{group label: mean of its finite values}`` (groups without a finite
   value left out)."""
-  v, split = finite_groups(values, groups)
+  _, split = finite_groups(values, groups)
   labels = [str(g) for g, x in zip(groups, values)
             if math.isfinite(float(x))]
   return {g: float(part.mean()) for g, part in
@@ -233,8 +233,8 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
   (the seed's mean over the seed's mean, paired: a seed's cells share its
   images and initialisation) give a Student-t interval on the log scale,
   :func:`log_t_interval`, no interval when fewer than two seeds are shared.
-  Otherwise (one seed): a bootstrap over the images of each sample,
-  resampled independently. A non-positive denominator mean gives None.
+  Otherwise (one seed, or no groups): a bootstrap over the values of each
+  sample, resampled independently. A non-positive denominator mean gives None.
 
   Returns:
     ``{'value', 'low', 'high', 'n_num', 'n_den'}``.
