@@ -204,6 +204,12 @@ class FedAvgConfig:
     if self.defense_at not in DEFENSE_AT:
       raise ValueError(f"defense_at must be one of {DEFENSE_AT}, got "
                        f"{self.defense_at!r}.")
+    if (self.defense is not None and self.defense.recomputes
+        and self.defense_at == "update"):
+      raise ValueError(f"defense_at='update' hands defense "
+                       f"{self.defense.name!r} the model change, but it "
+                       "computes its own gradient from a batch: use "
+                       "defense_at='step'.")
     if self.weighting not in WEIGHTINGS:
       raise ValueError(f"weighting must be one of {WEIGHTINGS}, got "
                        f"{self.weighting!r}.")
@@ -458,14 +464,17 @@ def client_update(model: models_lib.Model, config: FedAvgConfig,
     t, ib, mb = inp
     xb, yb = x[ib], y[ib]
     loss, g = gradients.batch_loss_and_grad(model, p, xb, yb, mb)
-    if config.l2:
-      g = jax.tree_util.tree_map(jnp.add, g,
-                                 jax.grad(_l2_term)(p, config.l2))
+    add_l2 = lambda g: jax.tree_util.tree_map(  # noqa: E731
+        jnp.add, g, jax.grad(_l2_term)(p, config.l2))
+    if config.l2 and not defense.recomputes:
+      g = add_l2(g)
     if config.defense_at == "step":
       g, info = defense.apply(g, defenses_base.ClientBatch(p, xb, yb, mb),
                               jax.random.fold_in(noise_key, t))
     else:
       info = {}
+    if config.l2 and defense.recomputes:  # It discarded the l2 term.
+      g = add_l2(g)
     active = jnp.sum(mb) > 0
     lr = _lr_at(config.client_lr, round_ * num_steps + t)
     p = jax.tree_util.tree_map(

@@ -187,7 +187,10 @@ def dirichlet(labels: np.ndarray, *, num_clients: int, alpha: float,
       not isinstance(alpha, (int, float, np.integer, np.floating)) or
       not (math.isfinite(alpha) and alpha > 0)):
     raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}.")
-  if min_size < 0 or min_size * num_clients > len(labels):
+  if isinstance(min_size, bool) or not isinstance(
+      min_size, (int, np.integer)) or min_size < 0:
+    raise ValueError(f"min_size must be an int >= 0, got {min_size!r}.")
+  if min_size * num_clients > len(labels):
     raise ValueError(
         f"min_size={min_size} x num_clients={num_clients} is not achievable "
         f"with {len(labels)} examples.")
@@ -220,6 +223,9 @@ def pack(images: np.ndarray, labels: np.ndarray,
     images: ``[N, ...]`` images of any dtype (kept as is, e.g. ``uint8``).
     labels: ``[N]`` integer labels.
     client_indices: one index array per client, e.g. from :func:`noniid`.
+      Not checked for overlap: the partitions of this module are disjoint,
+      but an index list of your own may repeat an example, within a client
+      or across clients, and it is then packed as often as it is listed.
     max_examples: padded size per client; defaults to the largest client.
 
   Returns:

@@ -89,7 +89,7 @@ RUNTIME_KEYS = ("rounds", "data_dir", "log_every", "plot", "num_devices",
 # a saved config without one is read as having it, so adding a setting does
 # not refuse the resume of an older run (nor, in the paper package, reuse of
 # its cells).
-ADDED_KEYS = {"soteria_q": "q0"}
+ADDED_KEYS = {"soteria_q": "q0", "dp_clip_norm": 1.0}
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -129,6 +129,12 @@ def default_config() -> ml_collections.ConfigDict:
   # soteria only: its perturbation, 'q0' (the closed form) or the name of one
   # registered with defenses.register_perturbation before the run.
   c.soteria_q = "q0"
+  # dp_sgd only: the per-example clipping norm C (defense_strength is the
+  # noise multiplier sigma; noise N(0, (sigma C)^2)). A FedAvg run computes
+  # no epsilon: defenses.dp_sgd_epsilon assumes Poisson-sampled steps, and
+  # neither the fixed-size local batches nor the client sampling of the
+  # rounds are that (defenses.baselines.dp_sgd).
+  c.dp_clip_norm = 1.0
   c.seed = 0
   c.checkpoint_every = 10
   c.checkpoints_to_keep = 3
@@ -197,6 +203,10 @@ def _check_config(config: ml_collections.ConfigDict) -> None:
       batch_size=config.batch_size, l2=config.l2,
       defense_at=config.defense_at, weighting=config.weighting,
       replace=config.replace).validate()
+  if config.defense == "dp_sgd" and config.defense_at == "update":
+    raise ValueError("defense_at='update' hands dp_sgd the model change, "
+                     "but it computes its own gradient from a batch: use "
+                     "defense_at='step'.")
   if not config.replace and config.clients_per_round > config.num_clients:
     raise ValueError(
         f"clients_per_round={config.clients_per_round} exceeds "
@@ -433,7 +443,9 @@ def build_fedavg_config(config: ml_collections.ConfigDict,
   if config.defense != "none":
     from repdef_jax import defenses  # pylint: disable=g-import-not-at-top
     kwargs = ({"score": config.soteria_score, "q": config.soteria_q}
-              if config.defense == "soteria" else {})
+              if config.defense == "soteria" else
+              {"clip_norm": config.dp_clip_norm}
+              if config.defense == "dp_sgd" else {})
     defense = defenses.get_defense(config.defense, config.defense_strength,
                                    model=model, **kwargs)
   return fedavg.FedAvgConfig(

@@ -700,3 +700,58 @@ def test_rates_and_local_steps_take_scalars_and_name_the_argument():
   for steps in (2.5, True, np.array(True), np.array([3]), jnp.array(2.0), 0):
     with pytest.raises(ValueError, match="local_steps must be an integer >= 1"):
       schedules.theorem2_gamma(1.0, 1.0, steps)
+
+
+def test_dp_sgd_is_a_step_defense_and_keeps_the_l2_term(logreg):
+  """DP-SGD computes its own (clipped) gradient from the batch: with a clip
+  no gradient reaches and no noise, a step defended by it is the plain
+  step, l2 term included (it used to discard the l2 gradient it was
+  handed); handed the model change ('update', a mod) or placed after
+  another defense in a chain, it is refused in one line."""
+  from repdef_jax.defenses import baselines  # pylint: disable=g-import-not-at-top
+  data = _data(sizes=(12,) * N)
+  params = logreg.init(jax.random.key(0))
+  dp = baselines.dp_sgd(logreg, 1e6, 0.0)
+  keys = fedavg.key_streams(0)
+
+  def delta(defense, l2):
+    cfg = fedavg.FedAvgConfig(local_steps=2, batch_size=6, client_lr=0.5,
+                              l2=l2, defense=defense)
+    train_key, noise_key = fedavg.client_keys(keys, 0, 0)
+    return fedavg.client_update(logreg, cfg, params, data.x[0], data.y[0],
+                                data.mask[0], train_key, noise_key)[0]
+
+  assert max_diff(delta(dp, 10.0), delta(None, 10.0)) < 1e-5
+  assert max_diff(delta(dp, 10.0), delta(dp, 0.0)) > 1e-2
+  with pytest.raises(ValueError, match="defense_at='update' hands defense "
+                     "'dp_sgd' the model change"):
+    fedavg.FedAvgConfig(defense=dp, defense_at="update").validate()
+  with pytest.raises(ValueError, match="put it first in the chain"):
+    defenses_base.chain(baselines.compression(10.0), dp)
+  assert defenses_base.chain(dp, baselines.compression(10.0)).recomputes
+  config = training.default_config()
+  config.update(defense="dp_sgd", defense_at="update")
+  with pytest.raises(ValueError, match="hands dp_sgd the model change"):
+    training._check_config(config)  # pylint: disable=protected-access
+
+
+def test_dp_sgd_clip_norm_reaches_the_fedavg_run(logreg):
+  """training's dp_clip_norm is the clip of the run's DP-SGD (it was always
+  1.0); runs saved before the key existed resume as having 1.0."""
+  config = training.default_config()
+  config.update(defense="dp_sgd", defense_strength=0.0, dp_clip_norm=1e-6,
+                l2=0.0)
+  tiny = training.build_fedavg_config(config, logreg)
+  config.dp_clip_norm = 1e6
+  wide = training.build_fedavg_config(config, logreg)
+  data = _data(sizes=(12,) * N)
+  params = logreg.init(jax.random.key(0))
+  batch = defenses_base.ClientBatch(params, data.x[0], data.y[0],
+                                    data.mask[0])
+  g_tiny, info = tiny.defense(None, batch, jax.random.key(1))
+  g_wide, _ = wide.defense(None, batch, jax.random.key(1))
+  assert float(info["clipped_fraction"]) == 1.0
+  assert max_diff(g_tiny, jax.tree_util.tree_map(jnp.zeros_like, g_tiny)) < (
+      1e-6)
+  assert max_diff(g_wide, g_tiny) > 1e-3
+  assert training.ADDED_KEYS["dp_clip_norm"] == 1.0

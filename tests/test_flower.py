@@ -987,3 +987,7 @@ def test_library_bad_inputs_are_one_line_errors_naming_the_argument(fl):
   with pytest.raises(ValueError, match="num_nodes must be an integer >= 1, "
                      "got '2'"):
     fl.InProcessGrid(app, "2")
+  from repdef_jax.defenses import baselines  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="defense_mod defends the update, but "
+                     "defense 'dp_sgd' computes its own gradient"):
+    fl.defense_mod(baselines.dp_sgd(model, 1.0, 1.0), model=model)

@@ -73,10 +73,19 @@ class Defense(NamedTuple):
   Soteria's first call on a small LeNet took 4x longer than its compilation
   on a 2-core CPU. ``apply`` itself is the plain function, for use inside
   your own ``jit``, ``vmap`` or ``lax.scan`` (or to run it eagerly).
+
+  Attributes:
+    name: the defense's name.
+    apply: the pure function.
+    recomputes: ``apply`` ignores ``grads`` and computes its own gradient
+      from the batch (DP-SGD's clipped per-example gradients): it can only
+      defend a local step's gradient (FedAvg's ``defense_at='step'``, where
+      the data-independent l2 term is added after it).
   """
 
   name: str
   apply: Callable[[Params, ClientBatch, jax.Array], tuple[Params, Info]]
+  recomputes: bool = False
 
   def __call__(self, grads: Params, batch: ClientBatch,
                key: jax.Array) -> tuple[Params, Info]:
@@ -101,12 +110,18 @@ def chain(*defenses: Defense) -> Defense:
     A defense whose key for the i-th member is ``fold_in(key, i)``.
 
   Raises:
-    ValueError: a member is not a :class:`Defense`.
+    ValueError: a member is not a :class:`Defense`, or one that
+      ``recomputes`` is not first.
   """
   for d in defenses:
     check_is_defense(d)
   if not defenses:
     return identity()
+  for d in defenses[1:]:
+    if d.recomputes:
+      raise ValueError(f"defense {d.name!r} computes its own gradient from "
+                       "the batch, discarding what the defenses before it "
+                       "did: put it first in the chain.")
 
   def apply(grads, batch, key):
     info = {}
@@ -115,7 +130,8 @@ def chain(*defenses: Defense) -> Defense:
       info.update({f"{i}_{d.name}/{k}": v for k, v in sub.items()})
     return grads, info
 
-  return Defense("+".join(d.name for d in defenses), apply)
+  return Defense("+".join(d.name for d in defenses), apply,
+                 recomputes=defenses[0].recomputes)
 
 
 def check_is_defense(defense: Any) -> None:

@@ -217,7 +217,7 @@ def dp_sgd(model: models_lib.Model, clip_norm: Any,
     }
     return out, info
 
-  return base.Defense("dp_sgd", apply)
+  return base.Defense("dp_sgd", apply, recomputes=True)
 
 
 def dp_sgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int,

@@ -356,6 +356,11 @@ def defense_mod(defense: defenses_base.Defense, *,
     ``mod(message, context, call_next) -> Message``.
   """
   defenses_base.check_is_defense(defense)
+  if defense.recomputes:
+    raise ValueError(f"defense_mod defends the update, but defense "
+                     f"{defense.name!r} computes its own gradient from a "
+                     "batch: apply it at every local step instead "
+                     "(FedAvgConfig(defense_at='step')).")
   template = (None if model is None else
               jax.eval_shape(model.init, jax.random.key(0)))
   keys = fedavg.key_streams(seed)
