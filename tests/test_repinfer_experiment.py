@@ -110,3 +110,18 @@ def test_specificity_statistic_on_known_cells():
   assert inference["specificity"] == {}
   assert not any("specific" in c["claim"]
                  for c in leakage.claims(inference, {}))
+
+
+def test_a_class_blind_correlation_says_so_in_its_verdict():
+  """Correlations >= 0.8 on every seed hold; when the same estimates are as
+  close to the device's other class (specificity interval around 0), the
+  verdict says "class-blind"; when they are closer to their own class, it
+  is a plain "held"."""
+  blind = [_cell(s, (0.95, 0.93), other) for s, other in enumerate(
+      ((0.94, 0.95), (0.96, 0.92), (0.93, 0.94)))]  # Seed means -.005..+.005.
+  specific = [_cell(s, (0.95, 0.93), (0.5, 0.6)) for s in (0, 1, 2)]
+  for cells, want in ((blind, "held (class-blind"), (specific, "held")):
+    rows = leakage.claims(leakage.summarize_inference(cells), {})
+    [corr] = [r for r in rows if r["claim"].startswith("Representations")]
+    assert corr["verdict"].startswith(want) and (
+        want != "held" or corr["verdict"] == "held"), corr["verdict"]

@@ -891,3 +891,24 @@ def test_exact_score_cutoff_scales_with_the_larger_dimension():
       jac, jnp.float32))), axis=0)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-3, atol=1e-5)
   assert abs(float(got[1])) < 10.0  # Not 1 / 5e-6.
+
+
+@pytest.mark.parametrize("jacobian", ["auto", "rev"])
+def test_a_zero_feature_with_eps_zero_is_score_zero_not_nan(jacobian):
+  """eps = 0 on a ReLU net: a feature at r = 0 has a zero Jacobian row,
+  0/0. It scores 0 (what any eps > 0 gives it), so 10 % prunes about 10 %;
+  as NaN it made the percentile threshold NaN and pruned every feature,
+  with no flag raised."""
+  model = models.get_model("mlp", (4, 4, 1), hidden=(12, 10))
+  params = model.init(jax.random.key(0))
+  x = jax.random.uniform(jax.random.key(1), (3, 4, 4, 1))
+  r = model.features(params, x)
+  assert int(jnp.sum(jnp.all(r == 0, axis=0))) > 0  # Dead ReLU features.
+  g = gradients.batch_grad(model, params, x, jnp.array([0, 1, 2]))
+  batch = base.ClientBatch(params, x, jnp.array([0, 1, 2]))
+  _, info = S.soteria(model, 10.0, eps=0.0, jacobian=jacobian)(
+      g, batch, jax.random.key(2))
+  assert float(info["pruned_fraction"]) <= 0.2
+  assert float(info["nonfinite_input"]) == 0.0
+  scores = S.feature_scores(model.feature_fn(params), x, eps=0.0)
+  assert bool(jnp.all(jnp.isfinite(scores)))

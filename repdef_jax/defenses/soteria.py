@@ -455,6 +455,18 @@ def _pinv_column_norms(jac: jax.Array) -> jax.Array:
   return jnp.linalg.norm(u * inv_s[None, :], axis=1)
 
 
+def reference_ratio(norms: jax.Array, r: jax.Array, eps: float
+                    ) -> jax.Array:
+  """The reference score per example, ``||dr_i/dx|| / (r_i + eps)``, with
+  0 where the Jacobian row is 0: with ``eps = 0`` a feature at r = 0 (a
+  sigmoid that underflows, or ``eps=0`` on a ReLU net) would be 0/0 = NaN,
+  which makes the percentile threshold NaN and prunes every feature (the
+  reference code, comparing with that NaN, would keep every one); 0 is what
+  any ``eps > 0`` gives it."""
+  return jnp.where(norms == 0, 0.0, norms / jnp.where(norms == 0, 1.0,
+                                                        r + eps))
+
+
 def scores_from_jacobian(r: jax.Array,
                          jac: jax.Array,
                          *,
@@ -467,7 +479,7 @@ def scores_from_jacobian(r: jax.Array,
   """
   _check_choice(score, SCORES, "score")
   if score == "reference":
-    per_example = jnp.linalg.norm(jac, axis=-1) / (r + eps)
+    per_example = reference_ratio(jnp.linalg.norm(jac, axis=-1), r, eps)
   else:
     per_example = -jnp.abs(r) * jax.vmap(_pinv_column_norms)(jac)
   return _weighted_sum(per_example, weights)
@@ -908,7 +920,7 @@ def soteria(model: models_lib.Model,
     if jacobian == "auto" and score == "reference":
       r, norms = representation_jacobian_norms(jac_model, batch.params,
                                                batch.x, chunk=jacobian_chunk)
-      scores = _weighted_sum(norms / (r + eps), weights)
+      scores = _weighted_sum(reference_ratio(norms, r, eps), weights)
     else:
       if jacobian == "auto":
         r, jac = representation_jacobian(jac_model, batch.params, batch.x,
