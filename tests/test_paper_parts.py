@@ -515,14 +515,19 @@ def test_reconstruction_summary_success_at_threshold_and_seed_intervals(
                          ("conv_gradient", [0.0] * len(rep))):
       out[source] = {"ssim": list(ssim), "mse": [0.1] * len(rep),
                      "mse_clamped": [0.1] * len(rep),
-                     "psnr": [10.0] * len(rep)}
+                     "psnr": [10.0] * len(rep),
+                     "final_loss": [0.01] * len(rep)}
     return out
 
   t = leakage.SUCCESS_SSIM
   cells = [cell(0, [0.9, 0.5], [t, 0.2]), cell(1, [0.7, 0.8], [0.9, 0.3]),
            cell(2, [0.1, 0.95], [0.5, 0.4])]
+  cells[2]["gradient"]["final_loss"][1] = float("nan")
   out = leakage.summarize_reconstruction(cells)
   assert out["gradient_success_rate"] == pytest.approx(2 / 6)
+  # A non-finite final L-BFGS loss is a diverged reconstruction.
+  assert out["diverged"] == {"representation": 0, "gradient": 1,
+                             "conv_gradient": 0}
   d = out["ssim_representation_minus_gradient"]
   per_seed = [np.mean(np.subtract(c["representation"]["ssim"],
                                   c["gradient"]["ssim"])) for c in cells]

@@ -434,7 +434,7 @@ def summarize_reconstruction(cells: Sequence[dict[str, Any]]
                                                  c["local_loss_before"])]))
   # Reconstructions whose L-BFGS loss ended non-finite, per source.
   out["diverged"] = {s: int(sum(not np.isfinite(v) for c in cells
-                                for v in c[s]["final_loss"]))
+                                for v in c[s].get("final_loss", ())))
                      for s in SOURCES}
   return out
 
