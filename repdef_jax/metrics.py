@@ -19,7 +19,10 @@ normalised space and [0, 1], so every result records its space):
 Images are float ``[B, H, W, C]`` or one image ``[H, W, C]``; another
 rank, integer pixels (convert with ``repdef_jax.data.to_float``), a
 channels-first-looking shape (a leading axis of 1 or 3 with a last one of
-neither) and an empty batch raise a ValueError (:func:`as_images`).
+neither), a rank-3 array whose last axis is no channel count (1, 3 or 4: a
+grayscale batch without its channel axis) and an empty batch raise a
+ValueError (:func:`as_images`). True images are expected in [0, 1] and not
+checked.
 
 Non-finite reconstructions (a diverged attack) give ``mse = inf``,
 ``mse_clamped``/``psnr``/``ssim`` computed after replacing NaN by 0.5 and
@@ -62,6 +65,10 @@ def as_images(x: Any, name: str = "x") -> np.ndarray:
                      f"{x.dtype}{top}; convert with "
                      "repdef_jax.data.to_float.")
   c_first, c_last = x.shape[-3], x.shape[-1]
+  if x.ndim == 3 and c_last not in (1, 3, 4):
+    raise ValueError(f"{name} of shape {x.shape} is no image [H, W, C] "
+                     "(C 1, 3 or 4); a grayscale batch [B, H, W] needs its "
+                     "channel axis: x[..., None].")
   if c_first in (1, 3) and c_last not in (1, 3):
     raise ValueError(f"{name} must be channels-last [B, H, W, C]; shape "
                      f"{x.shape} looks channels-first [B, C, H, W] (move the "
@@ -120,13 +127,14 @@ def mse_clamped(x_rec: Any, x_true: Any) -> np.ndarray:
 def psnr(x_rec: Any, x_true: Any) -> np.ndarray:
   """Per-image PSNR (dB, ``dm_pix.psnr``) on images clamped to [0, 1]; ``[B]``.
 
-  Identical images give +inf.
+  Identical images (after clamping) give +inf, which summaries drop as
+  non-finite (counted in their ``dropped``): a mean PSNR leaves exact
+  reconstructions out.
   """
   x_rec, x_true = _check_same_shape(x_rec, x_true)
   a = jnp.asarray(_sanitize(x_rec), jnp.float32)
   b = jnp.asarray(_sanitize(x_true), jnp.float32)
-  out = np.asarray(_psnr(a, b), np.float64)
-  return np.where(np.isnan(out), np.inf, out)
+  return np.asarray(_psnr(a, b), np.float64)
 
 
 SSIM_WINDOW = 11

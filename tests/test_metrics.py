@@ -145,3 +145,15 @@ def test_matching_minimises_the_total_clamped_mse():
     perm = metrics.match_images(rec, x)
     assert sorted(perm) == list(range(5))
     assert cost(perm) == pytest.approx(best, rel=1e-12)
+
+
+def test_a_grayscale_batch_without_its_channel_axis_is_refused():
+  """[B, H, W] of 8 MNIST images would read as one 8 x 28 image of 28
+  channels (window 7, every metric meaningless); a channels-last single
+  image [H, W, C] stays accepted."""
+  x = np.random.default_rng(0).random((8, 28, 28))
+  with pytest.raises(ValueError, match=r"x of shape \(8, 28, 28\) is no "
+                     r"image \[H, W, C\]"):
+    metrics.as_images(x)
+  assert metrics.as_images(x[0][..., None]).shape == (1, 28, 28, 1)
+  assert metrics.as_images(x[:3].transpose(1, 2, 0)).shape == (1, 28, 28, 3)

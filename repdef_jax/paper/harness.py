@@ -212,7 +212,7 @@ def measure(res: attacks_lib.AttackResult, x_true: Any, labels: Any,
   """
   x_true = metrics_lib.as_images(x_true, "x_true").astype(np.float32)
   m = metrics_lib.reconstruction_metrics(res.x_rec, x_true)
-  x_rec = np.asarray(res.x_rec)[m["perm"]]
+  x_rec = metrics_lib.as_images(res.x_rec, "x_rec")[m["perm"]]
   with np.errstate(over="ignore", invalid="ignore"):
     dist = np.sqrt(np.sum((x_rec.astype(np.float64) - x_true) ** 2,
                           axis=(1, 2, 3)))
