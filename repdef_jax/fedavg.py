@@ -86,8 +86,8 @@ class KeyStreams(NamedTuple):
   noise: jax.Array
 
 
-def key_streams(seed: int) -> KeyStreams:
-  """Splits ``seed`` into the named streams; each is ``fold_in(root, i)``.
+def check_seed(seed: Any) -> int:
+  """``seed`` as an int: any integer scalar, not a bool.
 
   Raises:
     ValueError: ``seed`` is not an integer.
@@ -99,7 +99,16 @@ def key_streams(seed: int) -> KeyStreams:
     value = None
   if value is None:
     raise ValueError(f"seed must be an integer, got {seed!r}.")
-  root = jax.random.key(value)
+  return value
+
+
+def key_streams(seed: int) -> KeyStreams:
+  """Splits ``seed`` into the named streams; each is ``fold_in(root, i)``.
+
+  Raises:
+    ValueError: ``seed`` is not an integer.
+  """
+  root = jax.random.key(check_seed(seed))
   return KeyStreams(*(jax.random.fold_in(root, i) for i in range(len(STREAMS))))
 
 

@@ -243,11 +243,6 @@ def _node_data(load_data: LoadData, context: Context
   return x, jnp.asarray(y, jnp.int32), mask
 
 
-def _check_seed(seed: Any) -> None:
-  if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-    raise ValueError(f"seed must be an integer, got {seed!r}.")
-
-
 def make_client_app(model: models_lib.Model, config: fedavg.FedAvgConfig,
                     load_data: LoadData, *, seed: int = 0,
                     mods: Optional[Sequence[Any]] = None) -> ClientApp:
@@ -281,7 +276,7 @@ def make_client_app(model: models_lib.Model, config: fedavg.FedAvgConfig,
   if not callable(load_data):
     raise ValueError(f"load_data must be a function of the node's Context, "
                      f"got {type(load_data).__name__}.")
-  _check_seed(seed)
+  fedavg.check_seed(seed)
   config.validate()
   template = jax.eval_shape(model.init, jax.random.key(0))
   update, evaluate = _client_fns(model, config, seed)
@@ -502,7 +497,7 @@ class AuditingFedAvg(FedAvg):
       attacks_base.check_num_images(num_images)
     attacks_base.check_int_value(repinfer_steps, "repinfer_steps", 1)
     models_lib.check_model(model)
-    _check_seed(seed)
+    fedavg.check_seed(seed)
     if run_info is not None and not isinstance(run_info, dict):
       raise ValueError(f"run_info must be a dict or None, got "
                        f"{type(run_info).__name__}.")
