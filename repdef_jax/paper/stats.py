@@ -112,11 +112,11 @@ def mean_ci(values: Sequence[float], level: float = LEVEL,
   out = {"n": int(v.size), "dropped": int(len(values) - v.size)}
   if split is not None:
     out["groups"] = len(split)
+    if len(split) >= 2:
+      v = np.array([g.mean() for g in split])
   if v.size == 0:
     return {**out, "mean": None, "low": None, "high": None}
-  mean = center(v, split)
-  if split is not None and len(split) >= 2:
-    v = np.array([g.mean() for g in split])
+  mean = float(np.mean(v))  # As center(): the mean of the group means.
   if v.size < 2 or seeds_lost(groups, out.get("groups")):
     return {**out, "mean": mean, "low": None, "high": None}
   half = float(scipy_stats.t.ppf(0.5 + level / 2, v.size - 1) *
@@ -132,36 +132,37 @@ def center(v: np.ndarray, split: list[np.ndarray] | None) -> float:
   return float(np.mean(v))
 
 
-def resampler(v: np.ndarray, split: list[np.ndarray] | None,
-               rng: np.random.Generator) -> Callable[[], np.ndarray]:
-  """Draws one bootstrap sample of ``v``: of its groups, then of the values
-  within each drawn group (two-stage), or of the values (one group)."""
-  if split is None or len(split) < 2:
-    return lambda: v[rng.integers(0, v.size, v.size)]
+def _group_draws(v: np.ndarray, split: list[np.ndarray] | None,
+                 rng: np.random.Generator
+                 ) -> Callable[[], list[np.ndarray]]:
+  """One two-stage bootstrap draw as a list of groups: the groups, then
+  the values within each drawn group; one group (or none): the values."""
+  groups = [v] if split is None or len(split) < 2 else split
 
   def draw():
-    picked = rng.integers(0, len(split), len(split))
-    return np.concatenate([
-        split[g][rng.integers(0, split[g].size, split[g].size)]
-        for g in picked])
+    picked = (rng.integers(0, len(groups), len(groups)) if len(groups) > 1
+              else [0])
+    return [groups[g][rng.integers(0, groups[g].size, groups[g].size)]
+            for g in picked]
   return draw
+
+
+def resampler(v: np.ndarray, split: list[np.ndarray] | None,
+              rng: np.random.Generator) -> Callable[[], np.ndarray]:
+  """Draws one bootstrap sample of ``v``: of its groups, then of the values
+  within each drawn group (two-stage), or of the values (one group)."""
+  draw = _group_draws(v, split, rng)
+  return lambda: np.concatenate(draw())
 
 
 def center_resampler(v: np.ndarray, split: list[np.ndarray] | None,
                      rng: np.random.Generator) -> Callable[[], float]:
-  """Draws one bootstrap replicate of :func:`center`: the groups, then the
-  values within each drawn group, and the mean of the drawn groups' means
-  (one group: the mean of the resampled values), so that a replicate
-  estimates what the point estimate does when groups differ in size."""
-  if split is None or len(split) < 2:
-    return lambda: float(v[rng.integers(0, v.size, v.size)].mean())
-
-  def draw():
-    picked = rng.integers(0, len(split), len(split))
-    return float(np.mean([
-        split[g][rng.integers(0, split[g].size, split[g].size)].mean()
-        for g in picked]))
-  return draw
+  """Draws one bootstrap replicate of :func:`center`: the mean of the drawn
+  groups' means (one group: the mean of the resampled values), so that a
+  replicate estimates what the point estimate does when groups differ in
+  size."""
+  draw = _group_draws(v, split, rng)
+  return lambda: float(np.mean([g.mean() for g in draw()]))
 
 
 def bootstrap_ci(values: Sequence[float] | np.ndarray,
